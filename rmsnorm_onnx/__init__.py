@@ -1,0 +1,38 @@
+"""rmsnorm_onnx: RMSNorm from PyTorch through ONNX to ONNX Runtime, fused and fast.
+
+The names below are loaded lazily so that fusing or running a model never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "RMSNorm": "torch_module",
+    "patch": "torch_patch",
+    "export": "torch_export",
+    "fuse": "fusion",
+    "fuse_file": "fusion",
+    "library_path": "runtime",
+    "session": "runtime",
+    "rms_norm": "reference",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rmsnorm_onnx' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

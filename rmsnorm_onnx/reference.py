@@ -1,0 +1,106 @@
+"""The one definition of RMSNorm: a float64 NumPy reference every other part is tested against.
+
+    ms = mean(X**2 over axes [axis, rank))
+    inside  (default): Y = X / sqrt(ms + eps) * scale + bias
+    outside:           Y = X / (sqrt(ms) + eps) * scale + bias
+
+Group RMSNorm splits the last axis into ``groups`` equal slices, normalizes each slice on its own
+and then applies one scale over the whole axis. This module imports nothing else of ours.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+try:  # bfloat16 as a NumPy dtype; ml_dtypes comes with onnx.
+    from ml_dtypes import bfloat16
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency of onnx
+    bfloat16 = None
+
+__all__ = ["TOLERANCES", "bfloat16", "normalized_axes", "rms_norm", "tolerance"]
+
+# (rtol, atol) by the dtype of the tensor under test. fp32 is float32 accumulation against a
+# float64 truth; fp16 and bf16 are dominated by rounding the output to 11 and 8 significant bits
+# (2**-11 ~ 4.9e-4, 2**-8 ~ 3.9e-3 relative).
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-12, 1e-12),
+    "float32": (1e-5, 1e-5),
+    "float16": (1e-3, 1e-3),
+    "bfloat16": (1e-2, 1e-2),
+}
+
+
+def tolerance(dtype: npt.DTypeLike | str) -> tuple[float, float]:
+    """(rtol, atol) for comparing a result of ``dtype`` with :func:`rms_norm`."""
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    try:
+        return TOLERANCES[name]
+    except KeyError:
+        raise ValueError(f"no tolerance for dtype {name!r}; known: {sorted(TOLERANCES)}") from None
+
+
+def normalized_axes(rank: int, axis: int = -1) -> tuple[int, ...]:
+    """The axes RMSNorm reduces over: ``[axis, rank)``, with ``axis`` allowed to be negative."""
+    if rank < 1:
+        raise ValueError("RMSNorm needs an input of rank >= 1")
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} is out of range for rank {rank}")
+    return tuple(range(axis % rank, rank))
+
+
+def rms_norm(
+    x: npt.ArrayLike,
+    scale: npt.ArrayLike | None = None,
+    bias: npt.ArrayLike | None = None,
+    *,
+    epsilon: float = 1e-6,
+    axis: int = -1,
+    eps_outside: bool = False,
+    groups: int = 1,
+) -> np.ndarray:
+    """RMSNorm of ``x`` over axes ``[axis, rank)``, computed and returned in float64.
+
+    ``scale`` and ``bias`` broadcast against the normalized dims (numpy rules). With ``groups > 1``
+    the normalized region must be the last axis alone, whose size ``groups`` must divide.
+    """
+    x64 = np.asarray(x).astype(np.float64)
+    axes = normalized_axes(x64.ndim, axis)
+    if epsilon < 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    if groups > 1:
+        if axes != (x64.ndim - 1,):
+            raise ValueError("groups > 1 normalizes slices of the last axis: use axis=-1")
+        if x64.shape[-1] % groups:
+            raise ValueError(f"groups={groups} does not divide the last dim {x64.shape[-1]}")
+        sliced = x64.reshape(*x64.shape[:-1], groups, x64.shape[-1] // groups)
+        y = _normalize(sliced, (sliced.ndim - 1,), epsilon, eps_outside).reshape(x64.shape)
+    else:
+        y = _normalize(x64, axes, epsilon, eps_outside)
+    normalized_shape = x64.shape[axes[0] :]
+    for name, p in (("scale", scale), ("bias", bias)):
+        if p is None:
+            continue
+        p64 = np.asarray(p).astype(np.float64)
+        try:
+            fits = np.broadcast_shapes(p64.shape, normalized_shape) == normalized_shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"{name} of shape {p64.shape} does not broadcast to {normalized_shape}"
+            )
+        y = y * p64 if name == "scale" else y + p64
+    return y
+
+
+def _normalize(
+    x: np.ndarray, axes: tuple[int, ...], epsilon: float, eps_outside: bool
+) -> np.ndarray:
+    ms = np.mean(np.square(x), axis=axes, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 with epsilon 0 is NaN, as in IEEE
+        if eps_outside:
+            return x / (np.sqrt(ms) + epsilon)
+        return x / np.sqrt(ms + epsilon)
