@@ -40,6 +40,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     except OSError as e:
         raise UsageError(f"{target}: cannot write here ({e.strerror})") from None
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_name, 0o666 & ~umask)  # mkstemp makes 0600; a saved model is an ordinary file
     tmp = Path(tmp_name)
     try:
         yield tmp

@@ -1,0 +1,185 @@
+"""``rmsnorm-onnx demo``: the whole story on the seeds' layer, in one command.
+
+Export the layer decomposed and fused, fuse the decomposed export, run all three in onnxruntime
+with the library on the seeds' input, check them against the NumPy reference and each other,
+time them, and say how to look at them in Netron.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..errors import RMSNormOnnxError, UsageError
+from . import console
+
+SAMPLE = "rmsnorm-layer"
+DEFAULT_OUT = "rmsnorm_onnx_demo"
+
+EPILOG = """\
+examples:
+  rmsnorm-onnx demo                         # writes ./rmsnorm_onnx_demo/
+  rmsnorm-onnx demo --out /tmp/demo --repeat 1000
+  rmsnorm-onnx demo --provider cuda         # on a machine with a GPU and onnxruntime-gpu
+
+Exit status 0 when all three models agree with the NumPy reference (float32 tolerance), 1 when
+they do not. Needs torch for the export (pip install 'rmsnorm_onnx[torch]').
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "demo",
+        help="export, fuse, run and compare the seeds' RMSNorm layer (start here)",
+        description=(
+            "The seeds' RMSNorm layer (hidden 64, eps 1e-5) exported decomposed and fused, the "
+            "decomposed export fused by 'rmsnorm-onnx fuse', and all three run in onnxruntime "
+            "with the custom-op library on the seeds' 32x10x64 input: checked against the NumPy "
+            "reference and each other, and timed."
+        ),
+        epilog=EPILOG,
+        formatter_class=console.HelpFormatter,
+    )
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default=DEFAULT_OUT,
+        help="folder for the three models (default: ./%(default)s; created if missing)",
+    )
+    p.add_argument(
+        "--provider",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="onnxruntime execution provider (default: %(default)s)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=200,
+        metavar="N",
+        help="timed runs of each model, round-robin; medians shown (default: %(default)s)",
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder")
+
+    import numpy as np
+
+    from .. import reference, runtime
+    from ..fusion import fuse_file
+    from ..onnx_io import load_model
+    from . import ort_run
+    from .compare import compare_arrays
+    from .describe import op_summary
+    from .export import export_model
+    from .progress import Progress
+
+    # Fail before the exports (seconds) when the runs cannot happen: no library, no CUDA.
+    runtime.library_path()
+    runtime.resolve_providers([args.provider])
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "decomposed": out / "seeds.decomposed.onnx",
+        "fused": out / "seeds.fused.onnx",
+        "fuse": out / "seeds.decomposed.fused.onnx",
+    }
+    labels = {
+        "decomposed": "exported decomposed",
+        "fused": "exported fused",
+        "fuse": "decomposed, then fused",
+    }
+
+    print("rmsnorm-onnx demo: the seeds' RMSNorm layer (hidden 64, eps 1e-5), input 32x10x64\n")
+    print("1. export the torch layer to ONNX, two ways")
+    for mode in ("decomposed", "fused"):
+        proto, seconds = export_model(SAMPLE, paths[mode], rmsnorm=mode)
+        print(f"   {mode:<10}  {paths[mode]}  ({op_summary(proto)}; {seconds:.1f}s)")
+
+    print("2. fuse the decomposed export, as 'rmsnorm-onnx fuse' does to any ONNX file:")
+    print(f"   rmsnorm-onnx fuse {paths['decomposed']} -o {paths['fuse']}")
+    with Progress("Fusing"):
+        report = fuse_file(paths["decomposed"], paths["fuse"])
+    fused_proto = load_model(paths["fuse"])
+    patterns = ", ".join(f"{p} x{n}" for p, n in sorted(report.fused.items())) or "none"
+    print(f"   {paths['fuse']}  ({op_summary(fused_proto)}; patterns: {patterns})")
+    if report.fused_count != 1:
+        raise RMSNormOnnxError(
+            f"expected the fusion to find 1 RMSNorm in {paths['decomposed']}, it found "
+            f"{report.fused_count}: {report.summary()}"
+        )
+
+    x, weight, eps = _seeds_input_and_weight()
+    expected = reference.rms_norm(x, weight, epsilon=eps)
+    rtol, atol = reference.tolerance(np.float32)
+
+    sessions = {k: runtime.session(p, providers=[args.provider]) for k, p in paths.items()}
+    calls = {k: ort_run.runner(s, {s.get_inputs()[0].name: x}) for k, s in sessions.items()}
+    outputs = {k: next(iter(ort_run.checked(c).values())) for k, c in calls.items()}
+    with Progress("Timing", total=None):
+        timings = ort_run.time_calls(list(calls.values()), repeat=args.repeat, warmup=5)
+    timing = dict(zip(calls, timings, strict=True))
+
+    import onnxruntime as ort
+
+    provider = sessions["fused"].get_providers()[0]
+    print(
+        f"3. run all three in onnxruntime {ort.__version__} ({provider}, library "
+        f"{runtime.library_path()})"
+    )
+    base = timing["decomposed"].median_ms
+    rows = [("model", "max |y - reference|", "median time", "speed-up")]
+    failed = []
+    for key, y in outputs.items():
+        diff = compare_arrays(y, expected, atol=atol, rtol=rtol)
+        if not diff.ok:
+            failed.append(labels[key])
+        t = timing[key].median_ms
+        rows.append((labels[key], f"{diff.max_abs:.2e}", f"{t * 1e3:8.1f} us", f"{base / t:5.2f}x"))
+    _table(rows)
+    between = max(
+        compare_arrays(outputs[a], outputs[b]).max_abs for a in outputs for b in outputs if a < b
+    )
+    print(f"   timed {args.repeat} runs each, round-robin; speed-up vs the decomposed export")
+    if args.provider == "cuda":
+        print("   (times include copying input and output between host and GPU; for kernel")
+        print("   times see 'rmsnorm-onnx bench --cuda')")
+    if failed:
+        raise RMSNormOnnxError(
+            f"{', '.join(failed)} differ from the NumPy reference beyond rtol {rtol:g}, "
+            f"atol {atol:g} (float32)"
+        )
+    print(
+        f"   all three agree with the NumPy reference within rtol {rtol:g}, atol {atol:g} "
+        f"(float32); max difference between them {between:.2e}"
+    )
+    print("4. look at them in Netron")
+    for key in ("decomposed", "fused", "fuse"):
+        print(f"   rmsnorm-onnx view {paths[key]}")
+    return 0
+
+
+def _seeds_input_and_weight() -> tuple[Any, Any, float]:
+    """The seeds' example input and the layer's scale and epsilon, as NumPy."""
+    from .. import samples
+
+    layer, (x,) = samples.get_sample(SAMPLE)
+    return x.numpy(), layer.weight.detach().numpy(), float(layer.eps)
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("   " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

@@ -1,0 +1,131 @@
+"""The ``rmsnorm-onnx`` frame: parser, verbosity, and one exit-code policy for every subcommand.
+
+Exit codes: 0 success; 1 a runtime failure (a bad model file, an ORT error, results that do not
+agree); 2 a usage error (argparse's own errors and :class:`~rmsnorm_onnx.errors.UsageError`);
+130 interrupted. Errors are one line, ``rmsnorm-onnx: error: ...``; ``-v`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from .. import __version__
+from . import console
+
+# Subcommand modules in the order of the user's journey (and of ``--help``).
+SUBCOMMANDS = ("demo", "export", "fuse", "run", "view", "bench")
+
+_EPILOG = """\
+the journey of the README:
+  rmsnorm-onnx demo                                   # everything below in one command
+  rmsnorm-onnx export --rmsnorm decomposed -o seeds.onnx
+  rmsnorm-onnx view seeds.onnx                        # look at it in Netron
+  rmsnorm-onnx fuse seeds.onnx -o seeds_fused.onnx
+  rmsnorm-onnx run seeds_fused.onnx --compare seeds.onnx --atol 1e-5
+
+'rmsnorm-onnx COMMAND --help' shows each command's options and examples.
+"""
+
+
+def _add_verbosity(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # On subparsers the defaults are SUPPRESS so that "-v" before the subcommand is not reset.
+    default_v: object = 0 if top else argparse.SUPPRESS
+    default_q: object = False if top else argparse.SUPPRESS
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=default_v,
+        help="say more; with errors, show the traceback",
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=default_q,
+        help="print only results, warnings and errors (no notes, no progress)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser; subcommand modules are imported here, their dependencies are not."""
+    parser = argparse.ArgumentParser(
+        prog=console.PROG,
+        description=(
+            "RMSNorm from PyTorch through ONNX to ONNX Runtime: export a model, look at it in "
+            "Netron, fuse its RMSNorm into one op, and run it with the fast kernels."
+        ),
+        epilog=_EPILOG,
+        formatter_class=console.HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"{console.PROG} {__version__}")
+    _add_verbosity(parser, top=True)
+    subparsers = parser.add_subparsers(
+        title="commands", dest="command", metavar="COMMAND", required=True
+    )
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"{__package__}.{name}")
+        except ModuleNotFoundError as e:
+            # A subcommand whose module is absent is left out rather than breaking all the others;
+            # tests check that every one of SUBCOMMANDS is present.
+            if e.name != f"{__package__}.{name}":
+                raise
+            continue
+        sub = module.add_parser(subparsers)
+        _add_verbosity(sub, top=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (the console script exits with it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version (0) and usage errors (2)
+        return int(e.code) if isinstance(e.code, int) else (0 if e.code is None else 2)
+    console.configure(verbose=args.verbose, quiet=args.quiet)
+    return _dispatch(args)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from ..errors import RMSNormOnnxError
+
+    try:
+        code = args.func(args)
+        sys.stdout.flush()
+        return 0 if code is None else int(code)
+    except RMSNormOnnxError as e:
+        _report(str(e))
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"\n{console.PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, and keep Python's shutdown from
+        # complaining while flushing stdout.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except Exception as e:
+        _report(f"unexpected {type(e).__name__}: {e}", hint=True)
+        return 1
+
+
+def _report(message: str, *, hint: bool = False) -> None:
+    if console.verbose():
+        traceback.print_exc()
+    line = console.error_line(message)
+    if hint and not console.verbose():
+        line += " (run with -v for the traceback)"
+    print(line, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""``rmsnorm-onnx run``: run a model in onnxruntime with the library, report outputs and timing."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from typing import Any
+
+from ..errors import RMSNormOnnxError, UsageError
+from . import console
+
+EPILOG = """\
+examples:
+  rmsnorm-onnx run models/seeds_fused.onnx
+  rmsnorm-onnx run models/seeds_fused.onnx --dim batch=32 --dim seq=10 --repeat 100
+  rmsnorm-onnx run model.onnx --input x=x.npy            # or --inputs all_inputs.npz
+  rmsnorm-onnx run fused.onnx --compare decomposed.onnx --atol 1e-5 --rtol 1e-5
+  rmsnorm-onnx run fused.onnx --provider cuda
+
+Inputs not given in files are random (normal floats; integers below the size of the embedding
+table they index), with symbolic dims from --dim or a small default; the report says which.
+With --compare, exit status 1 means the outputs differ by more than --atol/--rtol.
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "run",
+        help="run a model in onnxruntime with the RMSNorm library; outputs, checksum, timing",
+        description=(
+            "Run an ONNX model in onnxruntime with the rmsnorm_onnx custom-op library registered, "
+            "print each output's dtype, shape and checksum and the run time, and optionally "
+            "compare with another model on the same inputs."
+        ),
+        epilog=EPILOG,
+        formatter_class=console.HelpFormatter,
+    )
+    p.add_argument("model", metavar="MODEL", help="the .onnx file to run")
+    p.add_argument(
+        "--provider",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="execution provider (default: %(default)s); cuda fails clearly when not usable",
+    )
+    p.add_argument(
+        "--dim",
+        action="append",
+        metavar="NAME=N",
+        help="value of a symbolic dim for random inputs (repeatable)",
+    )
+    p.add_argument(
+        "--shape",
+        action="append",
+        metavar="INPUT=AxBxC",
+        help="whole shape of a random input, e.g. x=32x10x64 (repeatable)",
+    )
+    p.add_argument(
+        "--input",
+        action="append",
+        metavar="NAME=FILE.npy",
+        help="take an input from a .npy file (repeatable)",
+    )
+    p.add_argument(
+        "--inputs", metavar="FILE.npz", help="take inputs from an .npz archive keyed by input name"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)"
+    )
+    p.add_argument(
+        "--default-dim",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="value of symbolic dims not given with --dim (default: 4)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=10,
+        metavar="N",
+        help="timed runs; the median is reported (default: %(default)s)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=_non_negative_int,
+        default=2,
+        metavar="N",
+        help="untimed runs first (default: %(default)s)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="onnxruntime intra-op threads (default: 0 = onnxruntime's choice)",
+    )
+    p.add_argument(
+        "--compare",
+        metavar="OTHER.onnx",
+        help="also run OTHER on the same inputs and report max abs/rel difference per output",
+    )
+    p.add_argument(
+        "--atol",
+        type=_non_negative_float,
+        default=None,
+        help="with --compare: fail (exit 1) where |a - b| > atol + rtol·|b|",
+    )
+    p.add_argument(
+        "--rtol", type=_non_negative_float, default=None, help="with --compare: see --atol"
+    )
+    p.add_argument(
+        "--save-outputs", metavar="FILE.npz", help="write the outputs to an .npz archive"
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: must be >= 0")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 0")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from . import inputs, ort_run
+    from .compare import Difference
+    from .describe import op_summary
+
+    if (args.atol is not None or args.rtol is not None) and not args.compare:
+        raise UsageError("--atol/--rtol need --compare OTHER.onnx")
+    model = _load(args.model)
+    specs = inputs.input_specs(model)
+    feeds, notes = inputs.make_feeds(
+        specs,
+        dims=inputs.parse_dims(args.dim),
+        shapes=inputs.parse_shapes(args.shape),
+        arrays=inputs.load_arrays(args.input, args.inputs),
+        int_highs=inputs.integer_highs(model),
+        seed=args.seed,
+        default_dim=args.default_dim or inputs.DEFAULT_DIM,
+    )
+    for line in notes:
+        console.note(f"note: {line}")
+    arrays = {name: feed.array for name, feed in feeds.items()}
+
+    session, library = _session(args.model, args.provider, args.threads)
+    call = ort_run.runner(session, arrays)
+    outputs = ort_run.checked(call)
+    calls = [call]
+    if args.compare:
+        other_model = _load(args.compare)
+        other_feeds = _feeds_for(inputs.input_specs(other_model), feeds, args.compare)
+        other_session, _ = _session(args.compare, args.provider, args.threads)
+        other_call = ort_run.runner(other_session, other_feeds)
+        other_outputs = ort_run.checked(other_call)
+        calls.append(other_call)
+    timings = ort_run.time_calls(calls, repeat=args.repeat, warmup=args.warmup)
+
+    print(f"model     {args.model}  ({op_summary(model)})")
+    print(f"provider  {', '.join(session.get_providers())}  (library {library})")
+    print("inputs")
+    _table([(n, inputs.describe(f.array), f.source) for n, f in feeds.items()])
+    print("outputs")
+    _table([(n, inputs.describe(a), _checksum(a)) for n, a in outputs.items()])
+    print(f"time      {timings[0]}")
+
+    if args.save_outputs:
+        _save(outputs, args.save_outputs)
+
+    if not args.compare:
+        return 0
+    ratio = timings[1].median_ms / timings[0].median_ms if timings[0].median_ms > 0 else 0.0
+    print(f"compare   {args.compare}  ({op_summary(other_model)})")
+    print(f"time      {timings[1]}  (MODEL is {ratio:.2f}x as fast)")
+    pairs = _pair_outputs(outputs, other_outputs)
+    check = args.atol is not None or args.rtol is not None
+    atol, rtol = args.atol or 0.0, args.rtol or 0.0
+    rows, failed = [], []
+    for name, a, b in pairs:
+        diff = Difference(a, b, atol=atol, rtol=rtol)
+        verdict = ""
+        if check or not diff.comparable:
+            verdict = "ok" if diff.ok else "DIFFERS"
+            if not diff.ok:
+                failed.append(name)
+        rows.append((name, diff.text(), verdict))
+    print("difference (MODEL vs OTHER, OTHER as reference)")
+    _table(rows)
+    if failed:
+        bound = f"atol {atol:g}, rtol {rtol:g}"
+        raise RMSNormOnnxError(f"outputs differ beyond {bound}: {', '.join(failed)}")
+    if check:
+        print(f"agree     within atol {atol:g}, rtol {rtol:g}")
+    return 0
+
+
+def _load(path: str) -> Any:
+    from ..onnx_io import load_model
+
+    # Weights are not needed to describe inputs; ORT reads the file (and external data) itself.
+    return load_model(path, load_external_data=False)
+
+
+def _session(path: str, provider: str, threads: int) -> tuple[Any, str]:
+    import onnxruntime as ort
+
+    from .. import runtime
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    try:
+        session = runtime.session(path, providers=[provider], options=options)
+    except RMSNormOnnxError:
+        raise
+    except Exception as e:  # ORT's own exception types for models it cannot load
+        raise RMSNormOnnxError(f"{path}: onnxruntime cannot load it: {e}") from None
+    return session, str(runtime.library_path())
+
+
+def _checksum(array: Any) -> str:
+    import numpy as np
+
+    total = float(np.asarray(array, dtype=np.float64).sum()) if array.size else 0.0
+    digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
+    return f"sum {total:+.6e}  sha256 {digest}"
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    if not rows:
+        print("  (none)")
+        return
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)] + [row[-1]]
+        print("  " + "  ".join(cells).rstrip())
+
+
+def _save(outputs: dict[str, Any], path: str) -> None:
+    import numpy as np
+
+    from ..onnx_io import atomic_path
+    from .inputs import type_name
+
+    plain = {}
+    for name, array in outputs.items():
+        if type_name(array.dtype) == "bfloat16":  # .npz cannot hold it without pickling
+            console.note(f"note: output {name!r} is bfloat16, saved as float32")
+            array = array.astype(np.float32)
+        plain[name] = array
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **plain)
+    console.note(f"wrote {path}")
+
+
+def _feeds_for(specs: list[Any], feeds: dict[str, Any], path: str) -> dict[str, Any]:
+    """The same inputs for the other model, by name, else by position; converted to its types."""
+    from .inputs import conform
+
+    names = [s.name for s in specs]
+    if set(names) <= set(feeds):
+        pairs = [(s, feeds[s.name]) for s in specs]
+    elif len(specs) == len(feeds):
+        console.note(f"note: {path} names its inputs differently; pairing them by position")
+        pairs = list(zip(specs, feeds.values(), strict=True))
+    else:
+        raise UsageError(
+            f"--compare {path}: its inputs ({', '.join(names)}) do not match the model's "
+            f"({', '.join(feeds)})"
+        )
+    return {s.name: conform(s, f.array, f.source) for s, f in pairs}
+
+
+def _pair_outputs(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    common = [n for n in a if n in b]
+    if common:
+        left = sorted((set(a) | set(b)) - set(common))
+        if left:
+            console.note(f"note: outputs only in one model are not compared: {', '.join(left)}")
+        return [(n, a[n], b[n]) for n in common]
+    if len(a) == len(b):
+        console.note("note: the models name their outputs differently; pairing them by position")
+        return [(f"{x}|{y}", a[x], b[y]) for x, y in zip(a, b, strict=True)]
+    raise RMSNormOnnxError("the models have no output in common")

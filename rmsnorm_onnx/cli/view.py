@@ -1,0 +1,138 @@
+"""``rmsnorm-onnx view``: serve a model with Netron on localhost until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidModelError, RMSNormOnnxError
+from . import console
+
+EPILOG = """\
+examples:
+  rmsnorm-onnx view models/seeds_fused.onnx               # a free port, opens your browser
+  rmsnorm-onnx view model.onnx --port 8080 --no-browser   # then open the printed URL yourself
+
+On a remote machine, keep the default --host 127.0.0.1 and forward the port over SSH
+(ssh -L 8080:127.0.0.1:8080 HOST) rather than serving on every interface.
+"""
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "view",
+        help="look at a model in Netron (serves it on localhost until Ctrl-C)",
+        description=(
+            "Serve an ONNX model with Netron's web app on this machine, print its URL, open a "
+            "browser on it, and keep serving until Ctrl-C."
+        ),
+        epilog=EPILOG,
+        formatter_class=console.HelpFormatter,
+    )
+    p.add_argument("model", metavar="MODEL", help="the model file (.onnx)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    p.add_argument("--port", type=_port, default=0, help="port to listen on (default: a free port)")
+    p.add_argument(
+        "--no-browser", action="store_true", help="only print the URL; do not open a browser"
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value}: a port is 0..65535")
+    return value
+
+
+def serve(model: str | Path, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
+    """Start Netron's server for ``model`` in this process; returns the (host, port) it serves on.
+
+    Port 0 picks a free port. Stop it with :func:`stop`.
+    """
+    import logging
+
+    import netron
+
+    path = Path(model)
+    if not path.is_file():
+        what = "is a directory, not a model file" if path.is_dir() else "no such file"
+        raise InvalidModelError(f"{path}: {what}")
+    if path.stat().st_size == 0:
+        raise InvalidModelError(f"{path}: empty file, not a model")
+    # Netron announces itself through the logging module; the CLI prints the URL itself.
+    logging.getLogger("netron.server").setLevel(
+        logging.DEBUG if console.verbose() else logging.WARNING
+    )
+    if not logging.getLogger().hasHandlers():
+        logging.getLogger().addHandler(logging.NullHandler())
+    try:
+        address = netron.start(str(path), address=(host, port), browse=False)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        where = f"{host}:{port}" if port else host
+        hint = " (choose another --port, or leave it out for a free one)" if port else ""
+        raise RMSNormOnnxError(f"cannot serve on {where}: {reason}{hint}") from None
+    return address
+
+
+def stop(address: tuple[str, int]) -> None:
+    import netron
+
+    netron.stop(address)
+
+
+def url_of(address: tuple[str, int]) -> str:
+    host, port = address
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
+
+
+def run(args: argparse.Namespace) -> int:
+    import webbrowser
+
+    import netron
+
+    # Ctrl-C (SIGINT) and SIGTERM both stop the server cleanly, from the moment the URL can be
+    # seen. SIGINT is handled explicitly because a shell starts background jobs with it ignored,
+    # and Python then never raises KeyboardInterrupt.
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping.set()
+
+    handled = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, on_signal) for sig in handled}
+    address = None
+    try:
+        address = serve(args.model, args.host, args.port)
+        url = url_of(address)
+        if args.host not in LOOPBACK:
+            console.warn(
+                f"serving on {args.host}: anyone who can reach this machine can read the model"
+            )
+        # The URL is the result: on stdout, flushed, so that scripts and tests read it at once.
+        print(f"Serving {args.model} at {url}", flush=True)
+        console.note("Press Ctrl-C to stop.")
+        if not args.no_browser and not webbrowser.open(url):
+            console.note("note: no browser could be opened here; open the URL above yourself")
+        while not stopping.wait(0.1) and netron.status(address):
+            pass
+    finally:
+        if address is not None:
+            stop(address)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    console.note("Stopped.")
+    return 0

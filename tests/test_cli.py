@@ -1,0 +1,245 @@
+"""The frame of ``rmsnorm-onnx``: help at every level, version, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+from cli_support import cli_env, decomposed_rmsnorm_model, error_lines, run_cli
+
+import rmsnorm_onnx
+from rmsnorm_onnx.cli import console, main, progress
+
+SUBCOMMANDS = ("demo", "export", "fuse", "run", "view", "bench")
+
+
+def test_every_subcommand_is_registered() -> None:
+    assert set(main.SUBCOMMANDS) == set(SUBCOMMANDS)
+    choices = main.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert sorted(choices) == sorted(SUBCOMMANDS)
+
+
+def test_top_level_help_lists_commands_and_examples() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: rmsnorm-onnx")
+    for name in SUBCOMMANDS:
+        assert f"\n    {name} " in result.stdout, name
+    assert "rmsnorm-onnx demo" in result.stdout
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_subcommand_help_has_usage_and_examples(name: str) -> None:
+    result = run_cli(name, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: rmsnorm-onnx {name}")
+    assert "examples:" in result.stdout
+    assert f"rmsnorm-onnx {name}" in result.stdout.split("examples:", 1)[1]
+    assert "--verbose" in result.stdout and "--quiet" in result.stdout
+
+
+def test_version() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"rmsnorm-onnx {rmsnorm_onnx.__version__}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param([], id="no-command"),
+        pytest.param(["frobnicate"], id="unknown-command"),
+        pytest.param(["run"], id="missing-model"),
+        pytest.param(["run", "m.onnx", "--provider", "tpu"], id="bad-choice"),
+        pytest.param(["run", "m.onnx", "--repeat", "0"], id="bad-number"),
+        pytest.param(["view", "m.onnx", "--port", "70000"], id="bad-port"),
+        pytest.param(["--verbose", "--quiet", "run", "m.onnx"], id="verbose-and-quiet"),
+    ],
+)
+def test_usage_errors_exit_2(args: list[str]) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2, result
+    assert "usage: rmsnorm-onnx" in result.stderr
+    assert "rmsnorm-onnx" in result.stderr.splitlines()[-1]
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_file_is_one_line_exit_1(tmp_path) -> None:
+    result = run_cli("run", tmp_path / "absent.onnx")
+    assert result.returncode == 1
+    assert error_lines(result.stderr) == [
+        f"rmsnorm-onnx: error: {tmp_path / 'absent.onnx'}: no such file"
+    ]
+    assert result.stdout == ""
+
+
+def test_corrupt_file_is_one_line_exit_1(tmp_path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07this is not protobuf at all\xff\xff\xff")
+    result = run_cli("run", bad)
+    assert result.returncode == 1
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("rmsnorm-onnx: error: "), result.stderr
+    assert "not a readable ONNX model" in lines[0]
+
+
+def test_verbose_shows_traceback(tmp_path) -> None:
+    result = run_cli("-v", "run", tmp_path / "absent.onnx")
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr
+    assert error_lines(result.stderr)[-1].startswith("rmsnorm-onnx: error: ")
+
+
+def test_options_accepted_after_the_subcommand(tmp_path) -> None:
+    result = run_cli("run", tmp_path / "absent.onnx", "-v")
+    assert result.returncode == 1 and "Traceback" in result.stderr
+
+
+def test_usage_error_from_a_subcommand_exits_2(tmp_path) -> None:
+    model = decomposed_rmsnorm_model(tmp_path / "m.onnx")
+    result = run_cli("run", model, "--dim", "nosuchdim=3")
+    assert result.returncode == 2
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1
+    assert "no symbolic dim 'nosuchdim'" in lines[0] and "batch, seq" in lines[0]
+
+
+def _raise(exc: BaseException):
+    def run(args):
+        raise exc
+
+    return run
+
+
+def test_unexpected_exception_is_one_line_exit_1(monkeypatch, capsys) -> None:
+    from rmsnorm_onnx.cli import view
+
+    monkeypatch.setattr(view, "run", _raise(ValueError("boom\nsecond line")))
+    assert main.main(["view", "x.onnx"]) == 1
+    err = capsys.readouterr().err
+    assert error_lines(err) == [
+        "rmsnorm-onnx: error: unexpected ValueError: boom second line "
+        "(run with -v for the traceback)"
+    ]
+
+
+def test_unexpected_exception_with_verbose_shows_traceback(monkeypatch, capsys) -> None:
+    from rmsnorm_onnx.cli import view
+
+    monkeypatch.setattr(view, "run", _raise(ValueError("boom")))
+    assert main.main(["-v", "view", "x.onnx"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ValueError: boom" in err
+
+
+def test_keyboard_interrupt_exits_130(monkeypatch, capsys) -> None:
+    from rmsnorm_onnx.cli import view
+
+    monkeypatch.setattr(view, "run", _raise(KeyboardInterrupt()))
+    assert main.main(["view", "x.onnx"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_quiet_hides_notes(capsys) -> None:
+    console.configure(quiet=True)
+    try:
+        console.note("hidden")
+        console.warn("shown")
+    finally:
+        console.configure()
+    assert capsys.readouterr().err == "rmsnorm-onnx: warning: shown\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--help"], id="help"),
+        pytest.param(["run", "--help"], id="run-help"),
+        pytest.param(["run", "{model}", "--repeat", "1"], id="run"),
+        pytest.param(["run", "{model}", "--compare", "{model}", "--repeat", "1"], id="compare"),
+    ],
+)
+def test_no_torch_import(argv: list[str], tmp_path) -> None:
+    """Starting the CLI and running a model must not import torch (seconds, and optional)."""
+    model = decomposed_rmsnorm_model(tmp_path / "m.onnx")
+    argv = [a.format(model=model) for a in argv]
+    code = (
+        "import sys, contextlib, io\n"
+        "from rmsnorm_onnx.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = main({argv!r})\n"
+        "print(rc, sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    rc, modules = result.stdout.strip().split(" ", 1)
+    assert modules == "[]", f"torch imported by {argv}: {modules}"
+    assert rc == "0", result.stderr
+
+
+def test_help_starts_without_heavy_imports() -> None:
+    """--help loads only the standard library and our CLI modules: instant on any machine."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from rmsnorm_onnx.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['--help'])\n"
+        "heavy = ('numpy', 'onnx', 'onnxruntime', 'onnxscript', 'torch', 'netron', 'matplotlib')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_silent_when_not_a_terminal() -> None:
+    stream = io.StringIO()
+    with progress.Progress("working", total=3, stream=stream) as p:
+        for i in range(3):
+            p.update(detail=f"item {i}")
+    assert stream.getvalue() == ""
+
+
+def test_progress_draws_and_erases_on_a_terminal(monkeypatch) -> None:
+    monkeypatch.delenv("TERM", raising=False)
+    stream = _Terminal()
+    with progress.Progress("working", total=3, stream=stream) as p:
+        p.update(detail="item 0")
+        assert "working 1/3 item 0" in p.line()
+    text = stream.getvalue()
+    assert "working" in text and "1/3" in text
+    assert text.endswith("\r\x1b[K")  # the line is erased at the end
+
+
+def test_progress_is_silent_when_quiet(monkeypatch) -> None:
+    monkeypatch.delenv("TERM", raising=False)
+    stream = _Terminal()
+    console.configure(quiet=True)
+    try:
+        with progress.Progress("working", stream=stream) as p:
+            p.update()
+    finally:
+        console.configure()
+    assert stream.getvalue() == ""
