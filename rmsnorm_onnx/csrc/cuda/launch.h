@@ -1,0 +1,32 @@
+#pragma once
+#include <cstdint>
+
+namespace rmsnorm_onnx::cuda {
+
+enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// One RMSNorm launch over a [rows, cols] view of X (cols = prod(X.shape[axis:])).
+struct Params {
+  const void* x = nullptr;
+  void* y = nullptr;
+  const void* scale = nullptr;   // nullptr when absent
+  const void* bias = nullptr;    // nullptr when absent
+  DType x_type = DType::kFloat32;      // X and Y
+  DType scale_type = DType::kFloat32;  // X's type, or kFloat32
+  DType bias_type = DType::kFloat32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // Broadcast of scale/bias over the cols of a row: element index = (col / inner) % period.
+  // Full-size parameter: inner = 1, period = cols.
+  int64_t scale_inner = 1, scale_period = 1;
+  int64_t bias_inner = 1, bias_period = 1;
+  float epsilon = 1e-6f;
+  bool eps_outside = false;
+};
+
+// Enqueues the kernel on `stream` (a cudaStream_t) without synchronizing or allocating.
+// Returns nullptr on success, otherwise a message naming the failure (from cudaGetErrorString
+// or a parameter check). Defined in the .cu file; compiled only when CUDA is enabled.
+const char* Launch(const Params& p, void* stream);
+
+}  // namespace rmsnorm_onnx::cuda

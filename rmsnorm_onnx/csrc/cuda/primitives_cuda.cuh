@@ -1,0 +1,77 @@
+// The kernel body's primitives on a GPU: the real intrinsics. Included by rmsnorm.cu only.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/launch_config.h"
+
+namespace rmsnorm_onnx::cuda {
+
+struct CudaPrimitives {
+  using Half = __half;
+  using BFloat16 = __nv_bfloat16;
+
+  __device__ __forceinline__ static int ThreadIdx() { return static_cast<int>(threadIdx.x); }
+  __device__ __forceinline__ static int Lane() { return static_cast<int>(threadIdx.x) & 31; }
+  __device__ __forceinline__ static int Warp() { return static_cast<int>(threadIdx.x) >> 5; }
+  __device__ __forceinline__ static int BlockDim() { return static_cast<int>(blockDim.x); }
+  __device__ __forceinline__ static int64_t BlockIdx() { return blockIdx.x; }
+  __device__ __forceinline__ static int64_t GridDim() { return gridDim.x; }
+
+  __device__ __forceinline__ static float ShflXor(float v, int mask) {
+    return __shfl_xor_sync(0xffffffffu, v, mask);
+  }
+  __device__ __forceinline__ static void SyncThreads() { __syncthreads(); }
+
+  __device__ __forceinline__ static float* ReductionSlots() {
+    __shared__ float slots[kStaticSharedBytes / sizeof(float)];
+    return slots;
+  }
+  __device__ __forceinline__ static void* DynamicShared() {
+    extern __shared__ uint4 dynamic_smem[];
+    return dynamic_smem;
+  }
+
+  // Pack<T, N> is aligned to its size, so a 16-byte Pack is one LDG.128 / STG.128.
+  template <typename V>
+  __device__ __forceinline__ static V Load(const V* p) {
+    return *p;
+  }
+  template <typename V>
+  __device__ __forceinline__ static void Store(V* p, const V& v) {
+    *p = v;
+  }
+
+  __device__ __forceinline__ static float ToFloat(float v) { return v; }
+  __device__ __forceinline__ static float ToFloat(__half v) { return __half2float(v); }
+  __device__ __forceinline__ static float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+  template <typename T>
+  __device__ __forceinline__ static T FromFloat(float v) {
+    if constexpr (std::is_same_v<T, __half>) {
+      return __float2half_rn(v);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      return __float2bfloat16_rn(v);
+    } else {
+      return v;
+    }
+  }
+  // Hardware approximations (MUFU, relative error ~2^-22): IEEE sqrtf and 1/x would add a
+  // slow-path subroutine call per row, for precision the float32 tolerance does not need.
+  // All three handle 0 and inf as IEEE does (rsqrt(0) = inf, 1/0 = inf).
+  __device__ __forceinline__ static float Sqrt(float v) {
+    float r;
+    asm("sqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+  }
+  __device__ __forceinline__ static float Rsqrt(float v) { return rsqrtf(v); }
+  __device__ __forceinline__ static float Reciprocal(float v) {
+    float r;
+    asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+  }
+};
+
+}  // namespace rmsnorm_onnx::cuda
