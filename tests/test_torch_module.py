@@ -1,0 +1,190 @@
+"""rmsnorm_onnx.RMSNorm, eagerly: every variant vs the reference, torch.nn.RMSNorm and LLaMA."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from rmsnorm_onnx import RMSNorm
+from rmsnorm_onnx.reference import rms_norm, tolerance
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+SHAPES = {
+    "rank1": (7,),
+    "rank2": (3, 5),
+    "hidden1": (2, 3, 1),
+    "rank4_odd": (2, 3, 5, 33),
+    "hidden4096": (2, 4096),
+}
+
+
+def _smallest_divisor(n: int) -> int:
+    return next((d for d in range(2, n + 1) if n % d == 0), 1)
+
+
+# variant -> (RMSNorm kwargs given the input shape, reference kwargs given the layer)
+VARIANTS = {
+    "basic": lambda s: {},
+    "rsqrt": lambda s: {"rsqrt": True},
+    "no_weight": lambda s: {"elementwise_affine": False},
+    "bias": lambda s: {"bias": True},
+    "eps_outside": lambda s: {"eps_outside": True},
+    "eps_none": lambda s: {"eps": None},
+    "learnable_eps": lambda s: {"learnable_eps": True},
+    "groups": lambda s: {"groups": _smallest_divisor(s[-1])},
+    "llama": lambda s: {"rsqrt": True, "cast_before_scale": True},
+    "gemma": lambda s: {"rsqrt": True, "weight_offset": 1.0},
+    "half_compute": lambda s: {"compute_dtype": None},
+    "trailing2": lambda s: {"normalized_shape": s[-2:]},
+}
+
+
+def _layer(variant: str, shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> RMSNorm:
+    # eps large enough against mean(x^2) ~ 4 that an epsilon in the wrong place shows
+    kwargs = {"normalized_shape": shape[-1:], "eps": 0.1, **VARIANTS[variant](shape)}
+    layer = RMSNorm(kwargs.pop("normalized_shape"), kwargs.pop("eps"), dtype=dtype, **kwargs)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        if layer.weight is not None:
+            layer.weight.add_((0.5 * torch.randn(layer.weight.shape, generator=gen)).to(dtype))
+        if layer.bias is not None:
+            layer.bias.copy_(0.1 * torch.randn(layer.bias.shape, generator=gen))
+        if layer.eps_param is not None:
+            layer.eps_param.fill_(-0.2)  # its abs() must be used
+    return layer
+
+
+def _expected(layer: RMSNorm, x: torch.Tensor) -> np.ndarray:
+    f64 = lambda t: None if t is None else t.detach().double().numpy()  # noqa: E731
+    scale = None if layer.weight is None else f64(layer.weight) + layer.weight_offset
+    return rms_norm(
+        f64(x),
+        scale,
+        f64(layer.bias),
+        epsilon=layer.epsilon(x.dtype),
+        axis=-len(layer.normalized_shape),
+        eps_outside=layer.eps_outside,
+        groups=layer.groups,
+    )
+
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_module_matches_reference(variant: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    if variant == "trailing2" and len(shape) < 2:
+        shape = (4, *shape)
+    layer = _layer(variant, shape, dtype)
+    gen = torch.Generator().manual_seed(1)
+    x = (2 * torch.randn(shape, generator=gen)).to(dtype)
+    y = layer(x)
+    assert y.dtype == dtype and y.shape == x.shape
+    rtol, atol = tolerance(str(dtype).removeprefix("torch."))
+    if variant == "half_compute" and dtype != torch.float32:
+        # statistics in fp16/bf16: a few roundings of the input's own type, not one
+        rtol, atol = 4 * rtol, 4 * atol
+    np.testing.assert_allclose(y.detach().double().numpy(), _expected(layer, x), rtol, atol)
+
+
+def test_seeds_worked_examples() -> None:
+    layer = RMSNorm(4, eps=0.0)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([1.2, 0.8, 1.0, 1.5]))
+    y = layer(torch.tensor([2.0, 4.0, 6.0, 8.0])).detach().double().numpy()
+    # the seed rounded x/rms to 1.461 before scaling (2.192); exactly, 1.5 * 8 / sqrt(30) = 2.1909
+    np.testing.assert_allclose(y, [0.438, 0.584, 1.095, 2.192], rtol=0, atol=1.2e-3)
+    np.testing.assert_array_equal(np.round(y, 3), [0.438, 0.584, 1.095, 2.191])
+    y = RMSNorm(4, eps=0.0)(torch.tensor([[1.0, 2, 3, 4], [-1, -2, -3, -4]])).double()
+    row = [0.3651, 0.7303, 1.0954, 1.4606]
+    np.testing.assert_array_equal(np.round(y.detach().numpy(), 4), [row, [-v for v in row]])
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("eps", [1e-5, None], ids=["eps1e-5", "eps_none"])
+def test_same_bits_as_torch_nn_rmsnorm(dtype: torch.dtype, eps: float | None) -> None:
+    theirs = nn.RMSNorm((5, 16), eps=eps, dtype=dtype)
+    with torch.no_grad():
+        theirs.weight.normal_()
+    ours = RMSNorm((5, 16), eps, rsqrt=True, dtype=dtype)
+    ours.load_state_dict(theirs.state_dict())  # same state_dict keys and shapes
+    x = (3 * torch.randn(4, 3, 5, 16)).to(dtype)
+    assert torch.equal(ours(x), theirs(x))
+    # the default reciprocal(sqrt()) form agrees within the dtype's tolerance
+    plain = RMSNorm((5, 16), eps, dtype=dtype)
+    plain.load_state_dict(theirs.state_dict())
+    rtol, atol = tolerance(str(dtype).removeprefix("torch."))
+    torch.testing.assert_close(plain(x), theirs(x), rtol=rtol, atol=atol)
+
+
+class _LlamaStyle(nn.Module):
+    """The LLaMA reference layer: statistics in float32, cast back, then scale."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_same_bits_as_llama_style(dtype: torch.dtype) -> None:
+    theirs = _LlamaStyle(48, 1e-6, dtype)
+    with torch.no_grad():
+        theirs.weight.normal_()
+    ours = RMSNorm(48, 1e-6, rsqrt=True, cast_before_scale=True, dtype=dtype)
+    ours.load_state_dict(theirs.state_dict(), strict=False)
+    x = (3 * torch.randn(2, 9, 48)).to(dtype)
+    assert torch.equal(ours(x), theirs(x))
+
+
+def test_fresh_layer_scales_by_one_and_params_train() -> None:
+    layer = RMSNorm(8, weight_offset=1.0, learnable_eps=True, bias=True)
+    assert torch.equal(layer.weight, torch.zeros(8))  # Gemma's zero-init weight -> scale 1
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(layer(x), RMSNorm(8, elementwise_affine=False)(x))
+    layer(x).square().sum().backward()
+    for p in (layer.weight, layer.bias, layer.eps_param):
+        assert p.grad is not None and torch.isfinite(p.grad).all()
+    assert {n for n, _ in layer.named_parameters()} == {"weight", "bias", "eps_param"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"normalized_shape": 10, "groups": 4}, "groups=4"),
+        ({"normalized_shape": (2, 8), "groups": 2}, "1-D normalized_shape"),
+        ({"normalized_shape": 8, "eps": -1.0}, "eps must be"),
+        ({"normalized_shape": 8, "rsqrt": True, "eps_outside": True}, "rsqrt"),
+        ({"normalized_shape": 8, "learnable_eps": True, "eps": None}, "learnable_eps"),
+        ({"normalized_shape": 8, "elementwise_affine": False, "weight_offset": 1.0}, "offset"),
+        ({"normalized_shape": 0}, "positive"),
+    ],
+    ids=[
+        "groups_divide",
+        "groups_1d",
+        "negative_eps",
+        "rsqrt_outside",
+        "learn_none",
+        "offset",
+        "zero_dim",
+    ],
+)
+def test_bad_configurations_are_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RMSNorm(**kwargs)
+
+
+def test_wrong_input_shape_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"trailing dims must be \(16,\)"):
+        RMSNorm(16)(torch.randn(2, 8))
+
+
+def test_repr_names_the_non_default_variant() -> None:
+    text = repr(RMSNorm(8, 1e-5, groups=2, weight_offset=1.0))
+    assert "groups=2" in text and "weight_offset=1.0" in text and "rsqrt" not in text

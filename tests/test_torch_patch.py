@@ -1,0 +1,193 @@
+"""patch(): HF and torch RMSNorm layers swapped for ours, outputs unchanged, one fused node each."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from rmsnorm_onnx import RMSNorm, export, op_schema, patch
+from rmsnorm_onnx.torch_patch import find_foreign_rmsnorms, patch_report
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = {
+    "vocab_size": 97,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+# name -> (config class, model class, extra config, norm class, RMSNorm layers that run)
+HF_MODELS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}, "LlamaRMSNorm", 5),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 8}, "GemmaRMSNorm", 5),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}, "Qwen2RMSNorm", 5),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}, "Qwen3RMSNorm", 9),  # q/k norms
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}, "MistralRMSNorm", 5),
+}
+
+
+def build_hf(name: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    config_cls, model_cls, extra, _, _ = HF_MODELS[name]
+    config = getattr(transformers, config_cls)(**SMALL, **extra)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = getattr(transformers, model_cls)(config)
+        with torch.no_grad():  # HF starts norm weights at 1 (Gemma: 0); make them matter
+            for pname, p in model.named_parameters():
+                if "norm" in pname:
+                    p.add_(0.2 * torch.randn_like(p))
+    return model.to(dtype).eval()
+
+
+def token_ids(batch: int, seq: int) -> torch.Tensor:
+    return torch.randint(
+        0, SMALL["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(seq)
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", HF_MODELS)
+def test_patched_hf_model_gives_the_same_bits(name: str, dtype: torch.dtype) -> None:
+    model = build_hf(name, dtype)
+    ids = token_ids(2, 7)
+    with torch.no_grad():
+        before = model(ids, use_cache=False).logits
+    state_keys = list(model.state_dict())
+    report = patch_report(model)
+    norm_cls = HF_MODELS[name][3]
+    assert report.model is model and not report.skipped
+    assert {s.source for s in report.swapped} == {norm_cls}
+    assert all(s.exact for s in report.swapped)
+    assert not find_foreign_rmsnorms(model)
+    assert list(model.state_dict()) == state_keys
+    with torch.no_grad():
+        after = model(ids, use_cache=False).logits
+    assert torch.equal(before, after)
+
+
+def test_t5_encoder_patched_with_the_same_bits() -> None:
+    config = transformers.T5Config(
+        vocab_size=97, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4
+    )
+    torch.manual_seed(0)
+    model = transformers.T5EncoderModel(config).eval()
+    ids = token_ids(2, 7)
+    with torch.no_grad():
+        before = model(ids).last_hidden_state
+    report = patch_report(model)
+    assert len(report.swapped) == 5 and {s.source for s in report.swapped} == {"T5LayerNorm"}
+    with torch.no_grad():
+        assert torch.equal(model(ids).last_hidden_state, before)
+
+
+def count_norm_calls(model: nn.Module, *args, **kwargs) -> int:
+    calls = []
+    hooks = [
+        m.register_forward_hook(lambda *_: calls.append(1))
+        for m in model.modules()
+        if isinstance(m, RMSNorm)
+    ]
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return len(calls)
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma"])
+def fused_hf(request: pytest.FixtureRequest):
+    model = patch(build_hf(request.param))
+    ids = token_ids(2, 6)
+    onnx_model = export(model, (ids,), kwargs={"use_cache": False}, rmsnorm="fused")
+    return request.param, model, onnx_model
+
+
+def test_fused_hf_export_has_one_node_per_norm_that_runs(fused_hf) -> None:
+    name, model, onnx_model = fused_hf
+    runs = count_norm_calls(model, token_ids(2, 6), use_cache=False)
+    assert runs == HF_MODELS[name][4]
+    ops = Counter((n.domain, n.op_type) for n in onnx_model.graph.node)
+    assert ops[(op_schema.DOMAIN, op_schema.OP_TYPE)] == runs
+    dims = [[d.dim_param for d in v.type.tensor_type.shape.dim] for v in onnx_model.graph.input]
+    assert dims == [["batch", "seq"]]  # named although use_cache=False is a non-tensor input
+    assert ops[("", "ReduceMean")] == 0  # no decomposed norm left (Gemma's GELU keeps a Pow)
+
+
+def test_fused_hf_export_runs_with_our_library(fused_hf) -> None:
+    from test_torch_export import fused_library_or_skip
+
+    from rmsnorm_onnx import runtime
+
+    _, model, onnx_model = fused_hf
+    fused_library_or_skip()
+    sess = runtime.session(onnx_model)
+    ids = token_ids(3, 11)  # other batch and sequence sizes than exported with
+    (got,) = sess.run(None, {sess.get_inputs()[0].name: ids.numpy()})
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits.numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_torch_rmsnorm_shared_instance_and_copy() -> None:
+    shared = nn.RMSNorm(8, eps=1e-5)
+    with torch.no_grad():
+        shared.weight.normal_()
+    model = nn.Sequential(nn.Linear(8, 8), shared, nn.Linear(8, 8), shared)
+    x = torch.randn(3, 8)
+    before = model(x)
+    copy_ = patch(model, inplace=False)
+    assert model[1] is shared  # the original is untouched
+    assert isinstance(copy_[1], RMSNorm) and copy_[1] is copy_[3]  # still one shared layer
+    assert torch.equal(copy_(x), before)
+    patched = patch(model)
+    assert patched is model and model[1].weight is shared.weight  # the Parameter is shared
+
+
+def test_lone_layer_is_returned_replaced() -> None:
+    layer = nn.RMSNorm((4, 6), eps=None, elementwise_affine=False)
+    new = patch(layer)
+    assert isinstance(new, RMSNorm) and new.eps is None and new.weight is None
+    x = torch.randn(2, 4, 6)
+    assert torch.equal(new(x), layer(x))
+
+
+class LayerNormInDisguiseRMSNorm(nn.Module):
+    """Named like an RMSNorm, but subtracts the mean: must be left alone, with a reason."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.layer_norm(x, x.shape[-1:], self.weight, None, self.eps)
+
+
+class GatedRMSNorm(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return x * gate
+
+
+def test_lookalikes_are_skipped_with_a_reason() -> None:
+    model = nn.ModuleDict({"ln": LayerNormInDisguiseRMSNorm(16), "gated": GatedRMSNorm(16)})
+    report = patch_report(model)
+    assert not report.swapped
+    reasons = {s.name: s.reason for s in report.skipped}
+    assert "matches no RMSNorm variant" in reasons["ln"]
+    assert "forward(x) failed" in reasons["gated"]
+    assert isinstance(model["ln"], LayerNormInDisguiseRMSNorm)
+    assert "skipped 2" in str(report)
