@@ -1,0 +1,132 @@
+"""Models with external data: read without the weights, write pointing at the same weight bytes.
+
+The fused model's tensors keep their ``location``/``offset``/``length``, so no weight is ever
+read or rewritten and the input is never touched. Where the data files go:
+
+- OUT beside IN: nothing to do, OUT refers to IN's data file.
+- elsewhere: a copy-on-write clone where the filesystem has them (btrfs, XFS), else a hard link,
+  else a copy; ``copy_weights`` always copies. onnx's and onnx-ir's loaders refuse data files
+  with several hard links (onnxruntime reads them), hence the note the report carries then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+from onnx import external_data_helper
+
+from .. import onnx_io
+from ..errors import InvalidModelError
+
+
+def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    yield from external_data_helper._get_all_tensors(model)
+
+
+def external_files(model: onnx.ModelProto) -> dict[str, int]:
+    """location -> bytes the tensors need from it (max offset + length)."""
+    needed: dict[str, int] = {}
+    for tensor in _tensors(model):
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        info = external_data_helper.ExternalDataInfo(tensor)
+        end = (info.offset or 0) + (info.length or 0)
+        needed[info.location] = max(needed.get(info.location, 0), end)
+    return needed
+
+
+def check_files(model: onnx.ModelProto, base_dir: Path, source: Path) -> None:
+    """Every external data file exists inside base_dir and holds the bytes the tensors name."""
+    base = base_dir.resolve()
+    for location, end in external_files(model).items():
+        path = (base / location).resolve()
+        if base not in path.parents:
+            raise InvalidModelError(f"{source}: external data '{location}' lies outside {base}")
+        if not path.is_file():
+            raise InvalidModelError(f"{source}: external data file '{location}' is missing")
+        size = path.stat().st_size
+        if size < end:
+            raise InvalidModelError(
+                f"{source}: external data file '{location}' is truncated "
+                f"({size} bytes, tensors need {end})"
+            )
+
+
+_FICLONE = 0x40049409  # linux/fs.h: share the extents of another file (copy-on-write)
+
+
+def _clone(src: Path, dst: Path) -> bool:
+    try:
+        import fcntl
+
+        with open(src, "rb") as s, open(dst, "wb") as d:
+            fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
+        return True
+    except (OSError, ImportError):  # not Linux, or a filesystem without clones
+        dst.unlink(missing_ok=True)
+        return False
+
+
+def _place(src: Path, dst: Path, copy: bool) -> str:
+    """Put src's bytes at dst without reading them where possible; returns how."""
+    if not copy:
+        if _clone(src, dst):
+            return "cloned"
+        try:
+            os.link(src, dst)
+            return "hard-linked"
+        except OSError:
+            pass  # another filesystem, or links not allowed: copy instead
+    shutil.copyfile(src, dst)
+    return "copied"
+
+
+def write(
+    model: onnx.ModelProto, src_dir: Path | None, dst: Path, *, copy_weights: bool = False
+) -> dict[Path, str]:
+    """Write ``model`` to ``dst`` atomically, its external data files placed beside it.
+
+    Returns the data files placed next to ``dst`` and how ("cloned", "hard-linked", "copied");
+    empty when ``dst`` sits beside the input and shares its data files.
+    """
+    files = external_files(model)
+    if files and src_dir is None:
+        raise InvalidModelError("model refers to external data but its folder is unknown")
+    dst_dir = dst.parent
+    staged: list[tuple[Path, Path]] = []
+    placed: dict[Path, str] = {}
+    try:
+        for location in files:
+            src = src_dir / location
+            final = dst_dir / location
+            if final.exists() and os.path.samefile(src, final):
+                continue  # OUT beside IN: its data file already is the input's
+            final.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+            os.close(fd)
+            os.unlink(tmp)
+            placed[final] = _place(src, Path(tmp), copy_weights)
+            staged.append((Path(tmp), final))
+        onnx_io.set_ir_version(model)
+        with onnx_io.atomic_path(dst) as tmp_model:
+            onnx.save_model(model, tmp_model)
+            os.chmod(tmp_model, 0o666 & ~_umask())  # mkstemp makes 0600; a model is 0644
+            for tmp, final in staged:
+                os.replace(tmp, final)
+    finally:
+        for tmp, _ in staged:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+    return placed
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

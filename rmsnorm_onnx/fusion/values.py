@@ -1,0 +1,104 @@
+"""Facts about onnx-ir values the rules rely on: small constants, dtypes, broadcast shapes.
+
+Only small tensors are ever read (exponents, epsilons, axes, Gemma's scale); weights stay on disk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+_MAX_READ = 1 << 20  # elements: constants bigger than this are never read
+
+
+def constant_array(value: ir.Value | None, *, max_size: int = _MAX_READ) -> np.ndarray | None:
+    """The value's constant contents (initializer or Constant node), or None if not constant."""
+    if value is None:
+        return None
+    if value.is_graph_input():  # an initializer that is also an input can be overridden
+        return None
+    try:
+        tensor = ir.convenience.get_const_tensor(value)
+    except ValueError:  # a malformed Constant node: not a constant we can trust
+        return None
+    if tensor is None or tensor.size > max_size:
+        return None
+    return np.asarray(tensor.numpy())
+
+
+def scalar(value: ir.Value | None) -> float | None:
+    """A constant holding exactly one number, as a float; None otherwise."""
+    array = constant_array(value, max_size=1)
+    if array is None or array.size != 1:
+        return None
+    return float(array.reshape(()).astype(np.float64))
+
+
+def default_opset(context: Any) -> int:
+    """The default-domain opset a match runs under (functions carry their own imports)."""
+    version = context.graph_or_function.opset_imports.get("")
+    if version is None:
+        version = context.model.opset_imports.get("", 1)
+    return int(version)
+
+
+def static_dims(value: ir.Value, axis: int) -> list[int] | None:
+    """value's dims from ``axis`` on, when all are known numbers."""
+    if value.shape is None:
+        return None
+    dims = list(value.shape)[axis:]
+    return dims if all(isinstance(d, int) for d in dims) else None
+
+
+def rank(value: ir.Value) -> int | None:
+    return None if value.shape is None else len(value.shape)
+
+
+def fits_normalized(param: ir.Value, x: ir.Value, n_axes: int | None) -> str | None:
+    """None if ``param`` broadcasts into the last ``n_axes`` dims of ``x`` only, else why not.
+
+    The product must keep x's shape: every dim of param is 1 or provably equal to x's dim.
+    ``n_axes=None`` means "all of x's axes" (rank may be unknown).
+    """
+    if param.shape is None:
+        return f"the shape of '{param.name}' is unknown"
+    p_dims = list(param.shape)
+    x_dims = list(x.shape) if x.shape is not None else None
+    limit = n_axes if n_axes is not None else (len(x_dims) if x_dims is not None else None)
+    if limit is not None and len(p_dims) > limit:
+        return (
+            f"'{param.name}' of shape {_shape_text(p_dims)} broadcasts over axes outside the "
+            f"{limit} normalized one(s)"
+        )
+    for j in range(1, len(p_dims) + 1):
+        pd = p_dims[-j]
+        if pd == 1:
+            continue
+        xd = x_dims[-j] if x_dims is not None and j <= len(x_dims) else None
+        if xd is None or not _same_dim(pd, xd):
+            return (
+                f"cannot prove '{param.name}' of shape {_shape_text(p_dims)} matches the "
+                f"normalized dims of {_shape_text(x_dims)}"
+            )
+    return None
+
+
+def _same_dim(a: object, b: object) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if isinstance(a, ir.SymbolicDim) and isinstance(b, ir.SymbolicDim):
+        return a.value is not None and a.value == b.value
+    return False
+
+
+def _shape_text(dims: list[object] | None) -> str:
+    if dims is None:
+        return "an unknown shape"
+    return (
+        "["
+        + ",".join(str(d) if isinstance(d, int) else str(getattr(d, "value", d)) for d in dims)
+        + "]"
+    )

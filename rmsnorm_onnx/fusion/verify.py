@@ -1,0 +1,119 @@
+"""Numerical check of a fusion: original and fused model on the same random inputs in ORT (CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .. import onnx_io, op_schema
+from ..errors import RMSNormOnnxError
+from ..reference import tolerance
+
+# A whole model compounds rounding over its layers; the per-op tolerance of reference.tolerance
+# is widened by this factor for model outputs (a real mismatch is off by orders of magnitude).
+MODEL_TOLERANCE_FACTOR = 10.0
+
+_EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
+_NUMPY = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(bool)": np.bool_,
+}
+
+
+def _session(model: onnx.ModelProto, base_dir: Path | None) -> Any:
+    """An ORT session on the model's bytes; external data is read from ``base_dir`` by ORT."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if base_dir is not None:
+        options.add_session_config_entry(_EXTERNAL_FOLDER, str(base_dir.resolve()))
+    data = onnx_io.set_ir_version(model).SerializeToString()
+    if any(o.domain == op_schema.DOMAIN for o in model.opset_import):
+        from ..runtime import session
+
+        return session(data, options=options)
+    return ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def random_inputs(sess: Any, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs of the declared shapes; each symbolic dim name gets one small size (2, 3, 4...)."""
+    rng = np.random.default_rng(seed)
+    sizes: dict[str, int] = {}
+    feeds = {}
+    for arg in sess.get_inputs():
+        shape = []
+        for dim in arg.shape:
+            if isinstance(dim, int) and dim >= 0:
+                shape.append(dim)
+            else:
+                shape.append(sizes.setdefault(str(dim), 2 + len(sizes) % 3))
+        dtype = _NUMPY.get(arg.type)
+        if dtype is None:
+            raise RMSNormOnnxError(f"verify: cannot make random input '{arg.name}' of {arg.type}")
+        if dtype == np.bool_:
+            feeds[arg.name] = rng.random(shape) < 0.5
+        elif np.issubdtype(dtype, np.integer):
+            feeds[arg.name] = rng.integers(0, 4, size=shape).astype(dtype)
+        else:
+            feeds[arg.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+_HALF = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+
+
+def _working_type(model: onnx.ModelProto, output: np.dtype) -> str:
+    """The least precise float type the model computes in (fp16 weights or Casts count)."""
+    found = {_HALF[t.data_type] for t in model.graph.initializer if t.data_type in _HALF}
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Cast" and attr.name == "to" and attr.i in _HALF:
+                found.add(_HALF[attr.i])
+    for arg in [*model.graph.input, *model.graph.output]:
+        if arg.type.tensor_type.elem_type in _HALF:
+            found.add(_HALF[arg.type.tensor_type.elem_type])
+    if "bfloat16" in found:
+        return "bfloat16"
+    if "float16" in found:
+        return "float16"
+    return "float64" if output == np.float64 else "float32"
+
+
+def verify(original: onnx.ModelProto, fused: onnx.ModelProto, base_dir: Path | None = None) -> None:
+    """Raise RMSNormOnnxError unless every output of ``fused`` matches ``original``."""
+    ref_sess = _session(original, base_dir)
+    new_sess = _session(fused, base_dir)
+    _compare(original, ref_sess, new_sess)
+
+
+def _compare(original: onnx.ModelProto, ref_sess: Any, new_sess: Any) -> None:
+    feeds = random_inputs(new_sess)
+    expected = ref_sess.run(None, feeds)
+    got = new_sess.run(None, feeds)
+    for meta, want, have in zip(new_sess.get_outputs(), expected, got, strict=True):
+        want, have = np.asarray(want), np.asarray(have)
+        if want.shape != have.shape:
+            raise RMSNormOnnxError(
+                f"verify failed: output '{meta.name}' has shape {have.shape}, expected {want.shape}"
+            )
+        if not np.issubdtype(want.dtype, np.floating):
+            if not np.array_equal(want, have):
+                raise RMSNormOnnxError(f"verify failed: output '{meta.name}' differs")
+            continue
+        rtol, atol = tolerance(_working_type(original, want.dtype))
+        rtol, atol = rtol * MODEL_TOLERANCE_FACTOR, atol * MODEL_TOLERANCE_FACTOR
+        w64, h64 = want.astype(np.float64), have.astype(np.float64)
+        if not np.allclose(h64, w64, rtol=rtol, atol=atol, equal_nan=True):
+            err = np.nanmax(np.abs(h64 - w64))
+            raise RMSNormOnnxError(
+                f"verify failed: output '{meta.name}' differs from the original by up to "
+                f"{err:.3g} (rtol={rtol:g}, atol={atol:g})"
+            )

@@ -1,0 +1,206 @@
+"""``rmsnorm-onnx fuse``: reports, JSON, atomic output, and one-line errors with exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from fusion_graphs import Variant, build
+from onnx import helper
+
+from rmsnorm_onnx import onnx_io
+from rmsnorm_onnx.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "rmsnorm_onnx.cli.main", "fuse", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def _two_norms(tmp_path: Path) -> Path:
+    """One LLaMA-fp16 norm that fuses and one with exponent 3 that must not."""
+    model = build(Variant(dtype=np.float16, cast="before-scale"))
+    bad = build(Variant(), seed=1)
+    for t in bad.graph.initializer:
+        t.name = "bad_" + t.name
+    for node in bad.graph.node:
+        node.name = "bad_" + node.name
+        node.input[:] = ["x2" if i == "x" else "bad_" + i for i in node.input]
+        node.output[:] = ["y2" if o == "y" else "bad_" + o for o in node.output]
+    for t in bad.graph.initializer:  # the exponent: the only scalar 2.0
+        array = onnx.numpy_helper.to_array(t)
+        if array.shape == () and array == 2.0:
+            t.CopyFrom(onnx.numpy_helper.from_array(np.float32(3.0), t.name))
+    model.graph.node.extend(bad.graph.node)
+    model.graph.initializer.extend(bad.graph.initializer)
+    model.graph.input.append(
+        helper.make_tensor_value_info("x2", onnx.TensorProto.FLOAT, [2, 3, 16])
+    )
+    model.graph.output.append(helper.make_tensor_value_info("y2", onnx.TensorProto.FLOAT, None))
+    path = tmp_path / "model.onnx"
+    onnx_io.save_model(model, path)
+    return path
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_cli_prints_fused_and_skipped_per_pattern_and_reason(tmp_path: Path) -> None:
+    src = _two_norms(tmp_path)
+    out = tmp_path / "fused.onnx"
+    proc = _cli(str(src), str(out), "--verify")
+    assert proc.returncode == 0, proc.stderr
+    assert "fused 1 RMSNorm(s) into target 'custom'" in proc.stdout
+    assert "1 x x²=pow, eps=inside, root=reciprocal +cast +scale" in proc.stdout
+    assert "skipped 1 candidate(s)" in proc.stdout
+    assert "the exponent is 3, not 2" in proc.stdout
+    assert "verified" in proc.stdout
+    fused = onnx.load(out)
+    assert [n.op_type for n in fused.graph.node].count("RMSNorm") == 1
+    assert _files(tmp_path) == ["fused.onnx", "model.onnx"]  # no temp file left
+
+
+def test_cli_json(tmp_path: Path, capsys) -> None:
+    src = _two_norms(tmp_path)
+    code = main(["fuse", str(src), "-o", str(tmp_path / "f.onnx"), "--json", "--target", "contrib"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["target"] == "contrib"
+    assert report["fused"] == 1 and report["skipped"] == 1
+    assert report["skipped_by_reason"] == {"the exponent is 3, not 2": 1}
+    assert report["skipped_nodes"][0]["reason"] == "the exponent is 3, not 2"
+
+
+def test_cli_refuses_to_overwrite_the_input_without_in_place(tmp_path: Path, capsys) -> None:
+    src = _two_norms(tmp_path)
+    before = src.read_bytes()
+    assert main(["fuse", str(src), str(src)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "refusing to overwrite it without --in-place" in err[0]
+    assert src.read_bytes() == before
+    assert main(["fuse", str(src), "--in-place", "-q"]) == 0
+    assert "RMSNorm" in [n.op_type for n in onnx.load(src).graph.node]
+
+
+def _corrupt(path: Path) -> None:
+    path.write_bytes(b"\x08\x07garbage\xff\xfe" * 40)
+
+
+def _truncated(path: Path) -> None:
+    data = build(Variant()).SerializeToString()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _opset_99(path: Path) -> None:
+    model = build(Variant())
+    model.opset_import[0].version = 99
+    path.write_bytes(model.SerializeToString())
+
+
+def _no_default_opset(path: Path) -> None:
+    model = build(Variant())
+    del model.opset_import[:]
+    model.opset_import.append(helper.make_opsetid("com.other", 1))
+    path.write_bytes(model.SerializeToString())
+
+
+def _out_of_order(path: Path) -> None:
+    """The norm's nodes reversed: each reads a value defined only later (as in a cycle)."""
+    model = build(Variant())
+    nodes = list(model.graph.node)[::-1]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    path.write_bytes(model.SerializeToString())
+
+
+BAD_INPUTS = {
+    "missing": (None, 1, "no such file"),
+    "corrupt": (_corrupt, 1, "not a readable ONNX model"),
+    "truncated": (_truncated, 1, "not a readable ONNX model"),
+    "empty": (_empty, 1, "empty file"),
+    "unsupported-opset": (_opset_99, 1, "unsupported opset 99"),
+    "no-default-opset": (_no_default_opset, 1, "no default-domain"),
+    "out-of-order": (_out_of_order, 1, "which no input, initializer or earlier node defines"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS), ids=list(BAD_INPUTS))
+def test_bad_input_is_one_line_error_without_output(tmp_path: Path, capsys, case: str) -> None:
+    make, code, message = BAD_INPUTS[case]
+    src = tmp_path / "in.onnx"
+    if make is not None:
+        make(src)
+    out = tmp_path / "out" / "fused.onnx"
+    out.parent.mkdir()
+    assert main(["fuse", str(src), str(out)]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("rmsnorm-onnx: error:") and message in err[0], err[0]
+    assert _files(out.parent) == []
+
+
+@pytest.mark.parametrize("where", ["missing-folder", "folder-is-a-file", "out-is-a-folder"])
+def test_unwritable_output_is_one_line_error(tmp_path: Path, capsys, where: str) -> None:
+    src = _two_norms(tmp_path)
+    if where == "missing-folder":
+        out = tmp_path / "nope" / "f.onnx"
+    elif where == "folder-is-a-file":
+        out = src / "f.onnx"
+    else:
+        out = tmp_path / "adir"
+        out.mkdir()
+    before = _files(tmp_path)
+    assert main(["fuse", str(src), str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rmsnorm-onnx: error:"), err
+    assert _files(tmp_path) == before
+
+
+def test_no_output_given_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    src = _two_norms(tmp_path)
+    assert main(["fuse", str(src)]) == 2
+    assert "no OUT given" in capsys.readouterr().err
+
+
+def test_failed_verify_leaves_no_output(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A mismatch found by --verify is an error, and OUT is not written."""
+    from rmsnorm_onnx.errors import RMSNormOnnxError
+    from rmsnorm_onnx.fusion import verify
+
+    def mismatch(*_args, **_kwargs):
+        raise RMSNormOnnxError("verify failed: output 'y' differs from the original by up to 1")
+
+    monkeypatch.setattr(verify, "verify", mismatch)
+    src = _two_norms(tmp_path)
+    out = tmp_path / "f.onnx"
+    assert main(["fuse", str(src), str(out), "--verify"]) == 1
+    assert "verify failed" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_subprocess_error_exit_code(tmp_path: Path) -> None:
+    proc = _cli(str(tmp_path / "absent.onnx"), str(tmp_path / "o.onnx"))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"rmsnorm-onnx: error: {tmp_path / 'absent.onnx'}: no such file"
+    ]
+    assert not (tmp_path / "o.onnx").exists()

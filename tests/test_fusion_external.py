@@ -1,0 +1,218 @@
+"""Models with external data: fused without reading or rewriting the weights; input untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from fusion_graphs import Variant, build, feeds, run
+from onnx import TensorProto, helper, numpy_helper
+
+from rmsnorm_onnx.errors import InvalidModelError, UsageError
+from rmsnorm_onnx.fusion import fuse, fuse_file
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _save_external(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save_model(
+        model,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=path.name + ".data",
+        size_threshold=64,  # scales and weights external; axes and epsilons inline, as exporters do
+    )
+    return path.parent / (path.name + ".data")
+
+
+def _two_norm_model(v: Variant) -> onnx.ModelProto:
+    """Two norms around a MatMul with a real weight, all tensors external."""
+    model = build(v)
+    hidden = v.shape[-1]
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((hidden, hidden)).astype(v.dtype), "proj")
+    model.graph.initializer.append(w)
+    second = build(v, seed=5)
+    rename = {n: f"b_{n}" for node in second.graph.node for n in [*node.input, *node.output]}
+    rename.update({t.name: f"b_{t.name}" for t in second.graph.initializer})
+    rename["x"], rename["y"] = "h", "y2"
+    for node in second.graph.node:
+        node.input[:] = [rename.get(i, i) for i in node.input]
+        node.output[:] = [rename.get(o, o) for o in node.output]
+        node.name = rename.get(node.name, "b_" + node.name)
+    for t in second.graph.initializer:
+        t.name = rename[t.name]
+    model.graph.node.append(helper.make_node("MatMul", ["y", "proj"], ["h"]))
+    model.graph.node.extend(second.graph.node)
+    model.graph.initializer.extend(second.graph.initializer)
+    del model.graph.output[:]
+    elem = TensorProto.FLOAT16 if v.dtype == np.float16 else TensorProto.FLOAT
+    model.graph.output.append(helper.make_tensor_value_info("y2", elem, None))
+    return model
+
+
+@pytest.fixture
+def external_model(tmp_path: Path) -> tuple[Path, Path, Variant]:
+    v = Variant(dtype=np.float16, cast="before-scale", shape=(2, 3, 64))
+    src_dir = tmp_path / "in"
+    src_dir.mkdir()
+    src = src_dir / "model.onnx"
+    data = _save_external(_two_norm_model(v), src)
+    return src, data, v
+
+
+def test_round_trip_links_the_weights_and_leaves_the_input_alone(external_model, tmp_path):
+    src, data, v = external_model
+    before = (_digest(src), _digest(data), data.stat().st_mtime_ns)
+    out = tmp_path / "out" / "fused.onnx"
+    out.parent.mkdir()
+    report = fuse_file(src, out, verify=True)
+    assert report.fused_count == 2 and report.verified
+    assert (_digest(src), _digest(data), data.stat().st_mtime_ns) == before
+    linked = out.parent / data.name
+    assert linked.stat().st_ino == data.stat().st_ino  # a hard link (ext4 has no clones)
+    assert any("hard-linked" in n for n in report.notes)
+    fused = onnx.load(out, load_external_data=False)
+    locations = {
+        e.value for t in fused.graph.initializer for e in t.external_data if e.key == "location"
+    }
+    assert locations == {data.name}
+    # onnx.load refuses multiply-linked data files; onnxruntime opens the paths fine
+    inputs = {"x": feeds(v)["x"]}
+    want = _run_path(src, inputs).astype(np.float64)
+    got = _run_path(out, inputs).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def _run_path(path: Path, inputs) -> np.ndarray:
+    from rmsnorm_onnx.runtime import session
+
+    return session(str(path)).run(None, inputs)[0]
+
+
+def test_copy_weights_copies(external_model, tmp_path):
+    src, data, _ = external_model
+    out = tmp_path / "fused.onnx"
+    fuse_file(src, out, copy_weights=True)
+    copied = tmp_path / data.name
+    assert copied.stat().st_ino != data.stat().st_ino
+    assert _digest(copied) == _digest(data)
+
+
+def test_output_beside_the_input_shares_the_data_file(external_model):
+    src, data, v = external_model
+    before = _digest(data)
+    report = fuse_file(src, src.parent / "fused.onnx")
+    assert sorted(p.name for p in src.parent.iterdir()) == ["fused.onnx", "model.onnx", data.name]
+    assert _digest(data) == before
+    assert data.stat().st_nlink == 1 and report.notes == []
+    inputs = {"x": feeds(v)["x"]}  # both load with onnx (data inline after load)
+    want = run(onnx.load(src), inputs)[0].astype(np.float64)
+    got = run(onnx.load(src.parent / "fused.onnx"), inputs)[0].astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_in_place_rewrites_only_the_graph(external_model):
+    src, data, _ = external_model
+    before = (_digest(data), data.stat().st_ino)
+    with pytest.raises(UsageError, match="--in-place"):
+        fuse_file(src, src)
+    report = fuse_file(src, None, in_place=True)
+    assert report.fused_count == 2
+    assert (_digest(data), data.stat().st_ino) == before
+    assert any(n.op_type == "RMSNorm" for n in onnx.load(src, load_external_data=False).graph.node)
+
+
+def test_missing_and_truncated_data_files_are_clear_errors(external_model, tmp_path):
+    src, data, _ = external_model
+    content = data.read_bytes()
+    data.write_bytes(content[: len(content) // 2])
+    with pytest.raises(InvalidModelError, match="is truncated"):
+        fuse(src)
+    data.unlink()
+    with pytest.raises(InvalidModelError, match="is missing"):
+        fuse_file(src, tmp_path / "never.onnx")
+    assert not (tmp_path / "never.onnx").exists()
+
+
+def test_gemma_scale_is_folded_from_an_external_weight(tmp_path):
+    v = Variant(dtype=np.float16, cast="after-scale", scale="one-plus-w", shape=(2, 3, 64))
+    src = tmp_path / "gemma.onnx"
+    _save_external(build(v), src)
+    out = tmp_path / "gemma_fused.onnx"
+    report = fuse_file(src, out, verify=True)
+    assert list(report.fused) == ["x²=pow, eps=inside, root=reciprocal +scale(1+w folded) +cast"]
+
+
+_PEAK = """
+import json, resource, sys
+from rmsnorm_onnx.fusion import fuse_file
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+report = fuse_file(sys.argv[1], sys.argv[2])
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"fused": report.fused_count, "extra_mb": (peak - base) / 1024}))
+"""
+
+
+def test_peak_memory_does_not_grow_with_the_weights(tmp_path):
+    """512 MB of (sparse) weights: fusing must not read them, so RSS grows by far less."""
+    hidden, layers = 1024, 64
+    nodes, inits = [], []
+    data_name = "big.onnx.data"
+    offset, h = 0, "x"
+    for i in range(layers):
+        v = Variant(dtype=np.float16, cast="before-scale", shape=(1, 2, hidden))
+        g = build(v)
+        names = {n: f"l{i}_{n}" for node in g.graph.node for n in [*node.input, *node.output]}
+        names.update({t.name: f"l{i}_{t.name}" for t in g.graph.initializer})
+        names["x"], names["y"] = h, f"l{i}_y"
+        for node in g.graph.node:
+            node.input[:] = [names.get(n, n) for n in node.input]
+            node.output[:] = [names.get(n, n) for n in node.output]
+            node.name = f"l{i}_{node.name}"
+        for t in g.graph.initializer:
+            t.name = names[t.name]
+        nodes += list(g.graph.node)
+        inits += list(g.graph.initializer)
+        dims = [hidden, hidden // 4]
+        weight = TensorProto(name=f"l{i}_proj", data_type=TensorProto.FLOAT16, dims=dims)
+        size = hidden * hidden // 4 * 2 * 16  # 16x the bytes the dims need: 512 MB in all
+        weight.data_location = TensorProto.EXTERNAL
+        entries = {"location": data_name, "offset": str(offset), "length": str(size // 16)}
+        for key, value in entries.items():
+            weight.external_data.add(key=key, value=value)
+        offset += size
+        inits.append(weight)
+        nodes.append(helper.make_node("MatMul", [f"l{i}_y", f"l{i}_proj"], [f"l{i}_p"]))
+        nodes.append(helper.make_node("Concat", [f"l{i}_p"] * 4, [f"l{i}_h"], axis=-1))
+        h = f"l{i}_h"
+    graph = helper.make_graph(
+        nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 2, hidden])],
+        [helper.make_tensor_value_info(h, TensorProto.FLOAT16, None)], initializer=inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    src = tmp_path / "big.onnx"
+    src.write_bytes(model.SerializeToString())
+    with open(tmp_path / data_name, "wb") as f:
+        f.truncate(offset)  # a sparse file: 512 MB that costs no disk
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK, str(src), str(tmp_path / "out.onnx")],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["fused"] == layers
+    assert offset >= 512 * 2**20
+    assert result["extra_mb"] < 128, result

@@ -1,0 +1,124 @@
+"""The three targets: each used where its semantics match, the rest left alone with a reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from fusion_graphs import Variant, build, expected, feeds, op_types, run
+from onnx import helper
+
+from rmsnorm_onnx import op_schema
+from rmsnorm_onnx.fusion import fuse
+from rmsnorm_onnx.fusion.opset import unchanged
+from rmsnorm_onnx.reference import tolerance
+
+F16 = np.float16
+OP = {
+    "custom": "RMSNorm",
+    "contrib": "SimplifiedLayerNormalization",
+    "standard": "RMSNormalization",
+}
+
+EXPRESSIBLE = [
+    Variant(),
+    Variant(reduce="attr"),  # opset 17: standard raises it to 23
+    Variant(scale="none"),  # contrib/standard need a scale: ones over the normalized dims
+    Variant(scale="w-first", root="div-one"),
+    Variant(dtype=F16, cast="before-scale"),  # LLaMA fp16
+    Variant(dtype=F16, cast="after-scale", scale="one-plus-w"),  # Gemma fp16: float32 scale
+    Variant(dtype=F16, cast="before-scale", scale="none"),
+    Variant(shape=(2, 4, 3, 16), dtype=F16, cast="before-scale"),  # per-head
+    Variant(shape=(2, 3, 4, 8), axes=(-2, -1)),
+    Variant(eps="none"),
+]
+
+
+@pytest.mark.parametrize("target", list(OP))
+@pytest.mark.parametrize("v", EXPRESSIBLE, ids=lambda v: v.id)
+def test_target_fuses_and_matches(target: str, v: Variant) -> None:
+    original = build(v)
+    fused, report = fuse(original, target=target, verify=True)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    assert report.verified is True
+    assert op_types(fused).count(OP[target]) == 1
+    assert not {"ReduceMean", "Sqrt", "Pow", "Reciprocal"} & set(op_types(fused))
+    domains = {o.domain for o in fused.opset_import}
+    assert (op_schema.DOMAIN in domains) == (target == "custom")
+    if target == "standard":
+        assert {o.domain: o.version for o in fused.opset_import}[""] == 23
+    if target != "contrib":  # onnx has no schema for ORT's contrib op
+        op_schema.register()
+        onnx.checker.check_model(fused, full_check=True)
+    else:
+        assert fused.opset_import[0].version == original.opset_import[0].version
+    inputs = feeds(v)
+    got = run(fused, inputs)[0]
+    assert got.dtype == v.dtype
+    rtol, atol = tolerance(v.dtype)
+    np.testing.assert_allclose(got.astype(np.float64), expected(v, inputs), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("target", ["contrib", "standard"])
+def test_epsilon_outside_is_not_expressible(target: str) -> None:
+    original = build(Variant(eps="outside"))
+    fused, report = fuse(original, target=target)
+    assert report.fused_count == 0
+    assert op_types(fused) == op_types(original)
+    assert "cannot add epsilon to the root" in report.skipped[0].reason
+
+
+@pytest.mark.parametrize("target", ["contrib", "standard"])
+def test_bias_stays_an_add_where_the_target_has_none(target: str) -> None:
+    v = Variant(bias=True)
+    fused, report = fuse(build(v), target=target, verify=True)
+    assert report.fused_count == 1
+    assert OP[target] in op_types(fused) and "Add" in op_types(fused)
+    inputs = feeds(v)
+    np.testing.assert_allclose(run(fused, inputs)[0], expected(v, inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_custom_takes_the_bias() -> None:
+    fused, report = fuse(build(Variant(bias=True)))
+    assert op_types(fused) == ["RMSNorm", "Identity"]
+    assert list(report.fused) == ["x²=pow, eps=inside, root=reciprocal +scale +bias"]
+
+
+def test_standard_moves_reduce_axes_of_other_ops_to_inputs() -> None:
+    """At opset 17 a ReduceMax with an axes attribute is rewritten for opset 23, not dropped."""
+    v = Variant(reduce="attr")
+    model = build(v)
+    model.graph.node.append(helper.make_node("ReduceMax", ["y"], ["m"], axes=[1], keepdims=1))
+    model.graph.output.append(helper.make_tensor_value_info("m", onnx.TensorProto.FLOAT, None))
+    fused, report = fuse(model, target="standard", verify=True)
+    assert report.fused_count == 1
+    reduce_max = next(n for n in fused.graph.node if n.op_type == "ReduceMax")
+    assert len(reduce_max.input) == 2
+    assert "axes" not in {a.name for a in reduce_max.attribute}
+    inputs = feeds(v)
+    want = expected(v, inputs).max(axis=1, keepdims=True)
+    np.testing.assert_allclose(run(fused, inputs)[1], want, rtol=1e-5, atol=1e-5)
+
+
+def test_standard_leaves_a_model_whose_ops_change_meaning_at_opset_23() -> None:
+    assert not unchanged("GroupNormalization", 18)
+    v = Variant()
+    model = build(v)
+    scale = onnx.numpy_helper.from_array(np.ones(3, np.float32), "gn_s")
+    bias = onnx.numpy_helper.from_array(np.zeros(3, np.float32), "gn_b")
+    model.graph.initializer.extend([scale, bias])
+    node = helper.make_node("GroupNormalization", ["x", "gn_s", "gn_b"], ["gn"], num_groups=3)
+    model.graph.node.append(node)
+    model.graph.output.append(helper.make_tensor_value_info("gn", onnx.TensorProto.FLOAT, None))
+    fused, report = fuse(model, target="standard")
+    assert report.fused_count == 0
+    assert op_types(fused) == op_types(model)
+    assert "GroupNormalization (opset 18)" in report.skipped[0].reason
+    # the same model fuses for the targets that need no opset change
+    _, custom = fuse(model, target="custom")
+    assert custom.fused_count == 1
+
+
+def test_unknown_target_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unknown target"):
+        fuse(build(Variant()), target="fast")
