@@ -73,24 +73,45 @@ def external_model(tmp_path: Path) -> tuple[Path, Path, Variant]:
     return src, data, v
 
 
-def test_round_trip_links_the_weights_and_leaves_the_input_alone(external_model, tmp_path):
-    src, data, v = external_model
-    before = (_digest(src), _digest(data), data.stat().st_mtime_ns)
-    out = tmp_path / "out" / "fused.onnx"
-    out.parent.mkdir()
-    report = fuse_file(src, out, verify=True)
-    assert report.fused_count == 2 and report.verified
-    assert (_digest(src), _digest(data), data.stat().st_mtime_ns) == before
-    linked = out.parent / data.name
-    assert linked.stat().st_ino == data.stat().st_ino  # a hard link (ext4 has no clones)
-    assert any("hard-linked" in n for n in report.notes)
-    fused = onnx.load(out, load_external_data=False)
-    locations = {
+def _locations(path: Path) -> set[str]:
+    fused = onnx.load(path, load_external_data=False)
+    return {
         e.value for t in fused.graph.initializer for e in t.external_data if e.key == "location"
     }
-    assert locations == {data.name}
-    # onnx.load refuses multiply-linked data files; onnxruntime opens the paths fine
-    inputs = {"x": feeds(v)["x"]}
+
+
+def test_round_trip_elsewhere_copies_the_weights_and_leaves_the_input_alone(
+    external_model, tmp_path
+):
+    src, data, v = external_model
+    before = (_digest(src), _digest(data), data.stat().st_mtime_ns, data.stat().st_nlink)
+    out = tmp_path / "out" / "fused.onnx"
+    out.parent.mkdir()
+    unrelated = out.parent / data.name  # a file that happens to share the input data's name
+    unrelated.write_bytes(b"someone else's weights")
+    report = fuse_file(src, out, verify=True)
+    assert report.fused_count == 2 and report.verified
+    assert (_digest(src), _digest(data), data.stat().st_mtime_ns, data.stat().st_nlink) == before
+    placed = out.parent / "fused.onnx.data"
+    assert _digest(placed) == _digest(data) and placed.stat().st_ino != data.stat().st_ino
+    assert any(f"to {placed}" in n for n in report.notes)  # cloned or copied, by filesystem
+    assert unrelated.read_bytes() == b"someone else's weights"
+    assert _locations(out) == {"fused.onnx.data"}
+    inputs = {"x": feeds(v)["x"]}  # both still load with onnx: no file has several links
+    want = run(onnx.load(src), inputs)[0].astype(np.float64)
+    got = run(onnx.load(out), inputs)[0].astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_link_weights_hard_links_and_says_what_that_costs(external_model, tmp_path):
+    src, data, v = external_model
+    out = tmp_path / "fused.onnx"
+    report = fuse_file(src, out, weights="link")
+    linked = tmp_path / "fused.onnx.data"
+    assert linked.stat().st_ino == data.stat().st_ino
+    assert any("hard-linked" in n for n in report.notes)
+    assert any("several hard links" in n for n in report.notes)
+    inputs = {"x": feeds(v)["x"]}  # onnx.load refuses linked data files; onnxruntime reads them
     want = _run_path(src, inputs).astype(np.float64)
     got = _run_path(out, inputs).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
@@ -105,10 +126,11 @@ def _run_path(path: Path, inputs) -> np.ndarray:
 def test_copy_weights_copies(external_model, tmp_path):
     src, data, _ = external_model
     out = tmp_path / "fused.onnx"
-    fuse_file(src, out, copy_weights=True)
-    copied = tmp_path / data.name
+    report = fuse_file(src, out, weights="copy")
+    copied = tmp_path / "fused.onnx.data"
     assert copied.stat().st_ino != data.stat().st_ino
     assert _digest(copied) == _digest(data)
+    assert any(n.startswith("weights copied") for n in report.notes)
 
 
 def test_output_beside_the_input_shares_the_data_file(external_model):

@@ -21,9 +21,9 @@ examples:
   rmsnorm-onnx fuse model.onnx --in-place                     # rewrite the graph of model.onnx
 
 Weights in external data files are never loaded or rewritten. OUT beside IN shares IN's data
-file; elsewhere the data file is cloned (copy-on-write filesystems) or hard-linked next to OUT,
-or copied where neither works or with --copy-weights. (onnx.load refuses data files with
-several hard links; onnxruntime reads them.) OUT is written atomically.
+file; elsewhere it is cloned (copy-on-write filesystems) or copied to OUT.data, or hard-linked
+with --link-weights (onnx.load then refuses both files: it rejects data files with several
+links, onnxruntime reads them). OUT is written atomically.
 """
 
 
@@ -60,10 +60,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--in-place", action="store_true", help="allow OUT to be IN (or omit OUT) and rewrite it"
     )
-    p.add_argument(
+    weights = p.add_mutually_exclusive_group()
+    weights.add_argument(
         "--copy-weights",
-        action="store_true",
-        help="copy external data files next to OUT instead of cloning or hard-linking them",
+        dest="weights",
+        action="store_const",
+        const="copy",
+        default="auto",
+        help="OUT elsewhere than IN: always copy its external data, never clone it",
+    )
+    weights.add_argument(
+        "--link-weights",
+        dest="weights",
+        action="store_const",
+        const="link",
+        help="OUT elsewhere than IN: hard-link its external data (fast; see below)",
     )
     p.set_defaults(func=run)
     return p
@@ -88,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         target=args.target,
         verify=args.verify,
         in_place=args.in_place,
-        copy_weights=args.copy_weights,
+        weights=args.weights,
     )
     written = out or Path(args.input)
     if args.json:

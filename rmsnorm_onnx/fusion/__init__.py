@@ -147,12 +147,14 @@ def fuse_file(
     target: str = "custom",
     verify: bool = False,
     in_place: bool = False,
-    copy_weights: bool = False,
+    weights: str = "auto",
 ) -> FuseReport:
-    """Fuse ``src`` into ``dst`` (atomically; external data hard-linked or copied beside it).
+    """Fuse ``src`` into ``dst``, written atomically.
 
-    Refuses to overwrite ``src`` unless ``in_place``; ``dst=None`` with ``in_place`` rewrites
-    ``src``'s graph (its weights are never rewritten).
+    External data: ``dst`` beside ``src`` shares its data files; elsewhere they are cloned
+    (copy-on-write filesystems) or copied next to ``dst`` (``weights="auto"``), always copied
+    (``"copy"``) or hard-linked (``"link"``). Refuses to overwrite ``src`` unless ``in_place``;
+    ``dst=None`` with ``in_place`` rewrites ``src``'s graph (its weights are never rewritten).
     """
     src_path = Path(src)
     if dst is None:
@@ -166,13 +168,13 @@ def fuse_file(
             f"{dst_path}: is the input file; refusing to overwrite it without --in-place"
         )
     model, report = fuse(src_path, target=target, verify=verify)
-    placed = external.write(model, src_path.parent, dst_path, copy_weights=copy_weights)
+    placed = external.write(model, src_path.parent, dst_path, weights=weights)
     for path, how in sorted(placed.items()):
         report.notes.append(f"weights {how} to {path}")
         if how == "hard-linked":
             report.notes.append(
-                f"onnx.load and onnx_ir refuse data files with several hard links "
-                f"(onnxruntime reads them): write OUT beside IN to share {path.name}, or pass "
-                "--copy-weights for an independent copy"
+                "onnx.load and onnx_ir refuse data files with several hard links, now both "
+                "IN's and OUT's (onnxruntime reads them); write OUT beside IN to share the data "
+                "file instead"
             )
     return report

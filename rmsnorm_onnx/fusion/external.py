@@ -1,12 +1,14 @@
 """Models with external data: read without the weights, write pointing at the same weight bytes.
 
-The fused model's tensors keep their ``location``/``offset``/``length``, so no weight is ever
-read or rewritten and the input is never touched. Where the data files go:
+The fused model's tensors keep their ``offset``/``length``, so no weight is ever read or
+rewritten and the input is never touched. Where the data files go:
 
 - OUT beside IN: nothing to do, OUT refers to IN's data file.
-- elsewhere: a copy-on-write clone where the filesystem has them (btrfs, XFS), else a hard link,
-  else a copy; ``copy_weights`` always copies. onnx's and onnx-ir's loaders refuse data files
-  with several hard links (onnxruntime reads them), hence the note the report carries then.
+- elsewhere: each data file is placed next to OUT under a name derived from OUT's
+  (``OUT.data``, ``OUT.data1``, ...), so no unrelated file there is overwritten: a copy-on-write
+  clone where the filesystem has them (btrfs, XFS), else a copy. ``weights="link"`` hard-links
+  instead; onnx's and onnx-ir's loaders then refuse both IN's and OUT's data file (they reject
+  files with several links, onnxruntime reads them), so linking is only done when asked for.
 """
 
 from __future__ import annotations
@@ -73,50 +75,54 @@ def _clone(src: Path, dst: Path) -> bool:
         return False
 
 
-def _place(src: Path, dst: Path, copy: bool) -> str:
-    """Put src's bytes at dst without reading them where possible; returns how."""
-    if not copy:
-        if _clone(src, dst):
-            return "cloned"
+WEIGHTS = ("auto", "copy", "link")
+
+
+def _place(src: Path, dst: Path, weights: str) -> str:
+    """Put src's bytes at dst, without reading them where possible; returns how."""
+    if weights == "link":
         try:
             os.link(src, dst)
             return "hard-linked"
         except OSError:
             pass  # another filesystem, or links not allowed: copy instead
+    elif weights == "auto" and _clone(src, dst):
+        return "cloned"
     shutil.copyfile(src, dst)
     return "copied"
 
 
 def write(
-    model: onnx.ModelProto, src_dir: Path | None, dst: Path, *, copy_weights: bool = False
+    model: onnx.ModelProto, src_dir: Path | None, dst: Path, *, weights: str = "auto"
 ) -> dict[Path, str]:
     """Write ``model`` to ``dst`` atomically, its external data files placed beside it.
 
     Returns the data files placed next to ``dst`` and how ("cloned", "hard-linked", "copied");
     empty when ``dst`` sits beside the input and shares its data files.
     """
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     files = external_files(model)
     if files and src_dir is None:
         raise InvalidModelError("model refers to external data but its folder is unknown")
-    dst_dir = dst.parent
+    beside = bool(files) and dst.parent.resolve() == src_dir.resolve()
     staged: list[tuple[Path, Path]] = []
     placed: dict[Path, str] = {}
     try:
-        for location in files:
-            src = src_dir / location
-            final = dst_dir / location
-            if final.exists() and os.path.samefile(src, final):
-                continue  # OUT beside IN: its data file already is the input's
-            final.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-            os.close(fd)
-            os.unlink(tmp)
-            placed[final] = _place(src, Path(tmp), copy_weights)
-            staged.append((Path(tmp), final))
-        onnx_io.set_ir_version(model)
+        if not beside:
+            renamed = {
+                location: f"{dst.name}.data{i or ''}" for i, location in enumerate(sorted(files))
+            }
+            for location, new_location in renamed.items():
+                final = dst.parent / new_location
+                fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=dst.parent)
+                os.close(fd)
+                os.unlink(tmp)
+                placed[final] = _place(src_dir / location, Path(tmp), weights)
+                staged.append((Path(tmp), final))
+            _relocate(model, renamed)
         with onnx_io.atomic_path(dst) as tmp_model:
-            onnx.save_model(model, tmp_model)
-            os.chmod(tmp_model, 0o666 & ~_umask())  # mkstemp makes 0600; a model is 0644
+            onnx.save_model(onnx_io.set_ir_version(model), tmp_model)
             for tmp, final in staged:
                 os.replace(tmp, final)
     finally:
@@ -126,7 +132,8 @@ def write(
     return placed
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _relocate(model: onnx.ModelProto, renamed: dict[str, str]) -> None:
+    for tensor in _tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value in renamed:
+                entry.value = renamed[entry.value]
