@@ -1,0 +1,14 @@
+// The CPU execution provider's kernel of rmsnorm_onnx::RMSNorm.
+#pragma once
+
+#include "op_common.h"
+
+namespace rmsnorm_onnx {
+
+struct CpuKernel {
+  static OrtStatus* Create(const OrtKernelInfo* info, Elem x_elem, void** out) noexcept;
+  static OrtStatus* Compute(void* kernel, OrtKernelContext* ctx) noexcept;
+  static void Destroy(void* kernel) noexcept;
+};
+
+}  // namespace rmsnorm_onnx

@@ -1,0 +1,232 @@
+// AVX2 + FMA + F16C row kernels (compiled with -mavx2 -mfma -mf16c; run only where the CPU has
+// them, see SelectRows). Everything here is in an anonymous namespace except NormalizeRows, so no
+// AVX2 code can stand in for a baseline function at link time.
+#include <immintrin.h>
+
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+
+#include "cpu_rows.h"
+
+namespace rmsnorm_onnx::rows_avx2 {
+namespace {
+
+constexpr int64_t kBlock = 4096;  // float lane sums are folded into a double every block
+
+struct F32 {
+  using T = float;
+  static __m256 Load(const T* p) { return _mm256_loadu_ps(p); }
+  static void Store(T* p, __m256 v) { _mm256_storeu_ps(p, v); }
+  static constexpr uintptr_t kStreamAlign = 32;
+  static void Stream(T* p, __m256 v) { _mm256_stream_ps(p, v); }
+};
+
+struct F16 {
+  using T = uint16_t;
+  static __m256 Load(const T* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void Store(T* p, __m256 v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static constexpr uintptr_t kStreamAlign = 16;
+  static void Stream(T* p, __m256 v) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+};
+
+struct BF16 {
+  using T = uint16_t;
+  static __m256 Load(const T* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static constexpr uintptr_t kStreamAlign = 16;
+  static void Store(T* p, __m256 v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), Pack(v)); }
+  static void Stream(T* p, __m256 v) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), Pack(v)); }
+  static __m128i Pack(__m256 v) {
+    // round to nearest even; NaNs stay (quiet) NaNs
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    const __m256i r = _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  }
+};
+
+// A partial vector (n < 8) through a zero-padded stack copy, so tails use the same arithmetic.
+template <typename E>
+__m256 LoadTail(const typename E::T* p, int64_t n) {
+  typename E::T buf[8] = {};
+  std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(typename E::T));
+  return E::Load(buf);
+}
+template <typename E>
+void StoreTail(typename E::T* p, __m256 v, int64_t n) {
+  typename E::T buf[8];
+  E::Store(buf, v);
+  std::memcpy(p, buf, static_cast<size_t>(n) * sizeof(typename E::T));
+}
+__m256 LoadFloatTail(const float* p, int64_t n) {
+  float buf[8] = {};
+  std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(float));
+  return _mm256_loadu_ps(buf);
+}
+
+double ToDouble(__m256 v) {
+  const __m256d d = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
+                                  _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+  const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(d), _mm256_extractf128_pd(d, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+}
+
+template <typename E>
+double SumSquares(const typename E::T* x, int64_t n) {
+  double total = 0.0;
+  int64_t i = 0;
+  while (i < n) {
+    const int64_t end = i + kBlock < n ? i + kBlock : n;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 32 <= end; i += 32) {
+      const __m256 v0 = E::Load(x + i), v1 = E::Load(x + i + 8);
+      const __m256 v2 = E::Load(x + i + 16), v3 = E::Load(x + i + 24);
+      a0 = _mm256_fmadd_ps(v0, v0, a0);
+      a1 = _mm256_fmadd_ps(v1, v1, a1);
+      a2 = _mm256_fmadd_ps(v2, v2, a2);
+      a3 = _mm256_fmadd_ps(v3, v3, a3);
+    }
+    for (; i + 8 <= end; i += 8) {
+      const __m256 v = E::Load(x + i);
+      a0 = _mm256_fmadd_ps(v, v, a0);
+    }
+    if (i < end) {
+      const __m256 v = LoadTail<E>(x + i, end - i);
+      a1 = _mm256_fmadd_ps(v, v, a1);
+      i = end;
+    }
+    total += ToDouble(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  }
+  return total;
+}
+
+template <bool kScale, bool kBias>
+__m256 Apply(__m256 v, __m256 r, const float* scale, const float* bias, int64_t i) {
+  v = _mm256_mul_ps(v, r);
+  if constexpr (kScale && kBias) {
+    return _mm256_fmadd_ps(v, _mm256_loadu_ps(scale + i), _mm256_loadu_ps(bias + i));
+  } else if constexpr (kScale) {
+    return _mm256_mul_ps(v, _mm256_loadu_ps(scale + i));
+  } else if constexpr (kBias) {
+    return _mm256_add_ps(v, _mm256_loadu_ps(bias + i));
+  } else {
+    return v;
+  }
+}
+
+// y[i0, i1) = x * r * scale + bias for a range shorter than a vector.
+template <typename E, bool kScale, bool kBias>
+void ScalePartial(const typename E::T* x, typename E::T* y, const float* scale, const float* bias,
+                  int64_t i, int64_t m, __m256 r) {
+  __m256 v = _mm256_mul_ps(LoadTail<E>(x + i, m), r);
+  if constexpr (kScale) v = _mm256_mul_ps(v, LoadFloatTail(scale + i, m));
+  if constexpr (kBias) v = _mm256_add_ps(v, LoadFloatTail(bias + i, m));
+  StoreTail<E>(y + i, v, m);
+}
+
+// The second pass over a row: y = x * r (* scale) (+ bias). kStream writes with non-temporal
+// stores (no read-for-ownership of y, y not kept in cache), after aligning y.
+template <typename E, bool kScale, bool kBias, bool kStream>
+void ScaleRow(const typename E::T* x, typename E::T* y, const float* scale, const float* bias,
+              int64_t n, float rf) {
+  const __m256 r = _mm256_set1_ps(rf);
+  int64_t i = 0;
+  if constexpr (kStream) {
+    const uintptr_t misalign = reinterpret_cast<uintptr_t>(y) % E::kStreamAlign;
+    if (misalign) {
+      const int64_t head = std::min<int64_t>(
+          n, static_cast<int64_t>((E::kStreamAlign - misalign) / sizeof(typename E::T)));
+      ScalePartial<E, kScale, kBias>(x, y, scale, bias, 0, head, r);
+      i = head;
+    }
+  }
+  auto store = [](typename E::T* p, __m256 v) {
+    if constexpr (kStream) {
+      E::Stream(p, v);
+    } else {
+      E::Store(p, v);
+    }
+  };
+  for (; i + 16 <= n; i += 16) {
+    const __m256 v0 = E::Load(x + i), v1 = E::Load(x + i + 8);
+    store(y + i, Apply<kScale, kBias>(v0, r, scale, bias, i));
+    store(y + i + 8, Apply<kScale, kBias>(v1, r, scale, bias, i + 8));
+  }
+  for (; i + 8 <= n; i += 8) store(y + i, Apply<kScale, kBias>(E::Load(x + i), r, scale, bias, i));
+  if (i < n) ScalePartial<E, kScale, kBias>(x, y, scale, bias, i, n - i, r);
+}
+
+template <typename E, bool kScale, bool kBias, bool kStream>
+void Rows(const RowArgs& a, int64_t begin, int64_t end) {
+  using T = typename E::T;
+  const int64_t n = a.cols;
+  for (int64_t row = begin; row < end; ++row) {
+    const T* x = static_cast<const T*>(a.x) + row * n;
+    T* y = static_cast<T*>(a.y) + row * n;
+    const double ms = SumSquares<E>(x, n) / static_cast<double>(n);
+    const double eps = a.epsilon;
+    const float r = static_cast<float>(a.eps_outside ? 1.0 / (std::sqrt(ms) + eps)
+                                                     : 1.0 / std::sqrt(ms + eps));
+    ScaleRow<E, kScale, kBias, kStream>(x, y, a.scale, a.bias, n, r);
+  }
+  if constexpr (kStream) _mm_sfence();  // order the non-temporal stores before the task ends
+}
+
+template <typename E, bool kStream>
+void RowsFor(const RowArgs& a, int64_t begin, int64_t end) {
+  if (a.scale && a.bias) return Rows<E, true, true, kStream>(a, begin, end);
+  if (a.scale) return Rows<E, true, false, kStream>(a, begin, end);
+  if (a.bias) return Rows<E, false, true, kStream>(a, begin, end);
+  return Rows<E, false, false, kStream>(a, begin, end);
+}
+
+template <typename E>
+void RowsFor(const RowArgs& a, int64_t begin, int64_t end) {
+  if (a.stream) return RowsFor<E, true>(a, begin, end);
+  return RowsFor<E, false>(a, begin, end);
+}
+
+}  // namespace
+
+void NormalizeRows(const RowArgs& args, int64_t row_begin, int64_t row_end) {
+  switch (args.elem) {
+    case 1: return RowsFor<F16>(args, row_begin, row_end);
+    case 2: return RowsFor<BF16>(args, row_begin, row_end);
+    default: return RowsFor<F32>(args, row_begin, row_end);
+  }
+}
+
+void ToFloat(int elem, const void* src, int64_t n, float* dst) {
+  auto convert = [&](auto e) {
+    using E = decltype(e);
+    const auto* p = static_cast<const typename E::T*>(src);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, E::Load(p + i));
+    if (i < n) {
+      float buf[8];
+      _mm256_storeu_ps(buf, LoadTail<E>(p + i, n - i));
+      std::memcpy(dst + i, buf, static_cast<size_t>(n - i) * sizeof(float));
+    }
+  };
+  switch (elem) {
+    case 1: return convert(F16{});
+    case 2: return convert(BF16{});
+    default: return convert(F32{});
+  }
+}
+
+}  // namespace rmsnorm_onnx::rows_avx2

@@ -1,0 +1,95 @@
+#include "cuda_op.h"
+
+#if RMSNORM_ONNX_WITH_CUDA
+
+#include <memory>
+
+#include "cuda/launch.h"
+
+namespace rmsnorm_onnx {
+namespace {
+
+struct State {
+  Attributes attrs;
+  Elem x_elem;
+  std::string label;
+};
+
+cuda::DType ToDType(Elem e) {
+  switch (e) {
+    case Elem::kFloat16: return cuda::DType::kFloat16;
+    case Elem::kBFloat16: return cuda::DType::kBFloat16;
+    case Elem::kFloat32:
+    default: return cuda::DType::kFloat32;
+  }
+}
+
+// scale/bias on the device are read in place, so only (inner, period) broadcasts are possible.
+void CheckSimple(const ParamView& p, const char* name, const Problem& prob, const std::string& label) {
+  if (!p.present || p.simple) return;
+  const std::vector<int64_t> norm(prob.x_shape.begin() + prob.axis, prob.x_shape.end());
+  throw OpError{ORT_NOT_IMPLEMENTED,
+                label + ": " + name + " of shape " + ShapeString(p.shape) + " broadcasts over " +
+                    "X.shape[axis:] = " + ShapeString(norm) + " along dims that are not one " +
+                    "contiguous block; the CUDA kernel supports scale/bias shapes like [D], " +
+                    "[H, D], [H, 1] (expand " + name + " to the full shape, or run on the CPU)"};
+}
+
+}  // namespace
+
+OrtStatus* CudaKernel::Create(const OrtKernelInfo* info, Elem x_elem, void** out) noexcept {
+  *out = nullptr;
+  return Guard([&] {
+    Ort::ConstKernelInfo ki{info};
+    auto state = std::make_unique<State>();
+    state->label = NodeLabel(ki.GetNodeName()) + " (CUDA)";
+    state->attrs = ReadAttributes(ki, state->label);
+    CheckInputTypes(ki, x_elem, state->label);
+    state->x_elem = x_elem;
+    *out = state.release();
+  });
+}
+
+OrtStatus* CudaKernel::Compute(void* kernel, OrtKernelContext* context) noexcept {
+  return Guard([&] {
+    const State& s = *static_cast<const State*>(kernel);
+    Ort::KernelContext ctx{context};
+    const Problem p = PrepareProblem(ctx, s.attrs, s.x_elem, s.label);
+    CheckSimple(p.scale, "scale", p, s.label);
+    CheckSimple(p.bias, "bias", p, s.label);
+    if (p.rows == 0 || p.cols == 0) return;
+    void* stream = ctx.GetGPUComputeStream();
+    if (stream == nullptr) {
+      throw OpError{ORT_FAIL, s.label + ": ORT gave no CUDA compute stream to run on"};
+    }
+    cuda::Params params;
+    params.x = p.x;
+    params.y = p.y;
+    params.x_type = ToDType(p.x_elem);
+    if (p.scale.present) {
+      params.scale = p.scale.data;
+      params.scale_type = ToDType(p.scale.elem);
+      params.scale_inner = p.scale.inner;
+      params.scale_period = p.scale.period;
+    }
+    if (p.bias.present) {
+      params.bias = p.bias.data;
+      params.bias_type = ToDType(p.bias.elem);
+      params.bias_inner = p.bias.inner;
+      params.bias_period = p.bias.period;
+    }
+    params.rows = p.rows;
+    params.cols = p.cols;
+    params.epsilon = s.attrs.epsilon;
+    params.eps_outside = s.attrs.eps_outside;
+    if (const char* error = cuda::Launch(params, stream)) {
+      throw OpError{ORT_FAIL, s.label + ": CUDA kernel launch failed: " + error};
+    }
+  });
+}
+
+void CudaKernel::Destroy(void* kernel) noexcept { delete static_cast<State*>(kernel); }
+
+}  // namespace rmsnorm_onnx
+
+#endif  // RMSNORM_ONNX_WITH_CUDA

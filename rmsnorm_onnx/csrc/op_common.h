@@ -1,0 +1,119 @@
+// What the CPU and CUDA ops of rmsnorm_onnx::RMSNorm share: the op's names, its attributes (read
+// and checked when the session creates the kernel), the checks of the inputs at run time, and the
+// [rows, cols] view with the broadcast layout of scale and bias.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <onnxruntime_cxx_api.h>
+
+namespace rmsnorm_onnx {
+
+// Must match rmsnorm_onnx/op_schema.py (DOMAIN, OP_TYPE, VERSION); a Python test checks it.
+inline constexpr const char* kDomain = "rmsnorm_onnx";
+inline constexpr const char* kOpType = "RMSNorm";
+inline constexpr int kOpVersion = 1;
+
+enum class Elem : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// The element types X may have; scale and bias have X's type or float32.
+bool ToElem(ONNXTensorElementDataType type, Elem* out);
+ONNXTensorElementDataType ToOnnx(Elem elem);
+std::string TypeName(ONNXTensorElementDataType type);
+std::string ShapeString(const std::vector<int64_t>& shape);
+
+struct Attributes {
+  float epsilon = 1e-6f;
+  int64_t axis = -1;
+  bool eps_outside = false;
+};
+
+// A failure to hand back to ORT as an OrtStatus.
+struct OpError {
+  OrtErrorCode code;
+  std::string message;
+};
+
+// The identity of one node, for messages: "rmsnorm_onnx::RMSNorm node 'name'".
+std::string NodeLabel(const std::string& node_name);
+
+// Reads epsilon, axis and eps_outside, and checks the element types of the inputs the graph
+// already knows (kernel creation = session creation). Throws OpError.
+Attributes ReadAttributes(const Ort::ConstKernelInfo& info, const std::string& label);
+void CheckInputTypes(const Ort::ConstKernelInfo& info, Elem x_elem, const std::string& label);
+
+// How a scale or bias maps onto the flattened normalized dims (cols): element index
+// (col / inner) % period. `simple` is false for broadcasts no (inner, period) pair expresses
+// (e.g. [A, 1, C]); those are expanded with Expand().
+struct ParamView {
+  bool present = false;
+  Elem elem = Elem::kFloat32;
+  const void* data = nullptr;
+  std::vector<int64_t> shape;
+  bool simple = true;
+  int64_t inner = 1;
+  int64_t period = 1;
+};
+
+// One call's inputs, checked: X seen as [rows, cols] with cols = prod(X.shape[axis:]).
+struct Problem {
+  Elem x_elem = Elem::kFloat32;
+  std::vector<int64_t> x_shape;
+  int64_t axis = 0;  // normalized to [0, rank)
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* x = nullptr;
+  void* y = nullptr;
+  ParamView scale;
+  ParamView bias;
+};
+
+// Checks the inputs of one call (rank, axis, types, broadcastability) and allocates Y.
+// `constants` (optional, indexed by input) holds scale/bias the session knows to be constant:
+// their type and data were read at session creation. Throws OpError naming the problem.
+Problem PrepareProblem(Ort::KernelContext& ctx, const Attributes& attrs, Elem x_elem,
+                       const std::string& label, const ParamView* constants = nullptr);
+
+// Writes, for every col (length cols), the float32 value of a parameter laid out as `param` whose
+// values (in the parameter's own shape) are `values`.
+void ExpandToFloat(const float* values, const ParamView& param,
+                   const std::vector<int64_t>& normalized_shape, int64_t cols, float* out);
+
+// Scalar conversions (the row kernels have vectorized ones).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+inline float BFloat16ToFloat(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+uint16_t FloatToBFloat16(float f);
+
+// Runs `body`, turning OpError / Ort::Exception / std::exception into an OrtStatus.
+template <typename Body>
+OrtStatus* Guard(Body&& body) noexcept;
+
+OrtStatus* MakeStatus(OrtErrorCode code, const std::string& message) noexcept;
+
+template <typename Body>
+OrtStatus* Guard(Body&& body) noexcept {
+  try {
+    body();
+    return nullptr;
+  } catch (const OpError& e) {
+    return MakeStatus(e.code, e.message);
+  } catch (const Ort::Exception& e) {
+    return MakeStatus(e.GetOrtErrorCode(), e.what());
+  } catch (const std::bad_alloc&) {
+    return MakeStatus(ORT_FAIL, "rmsnorm_onnx: out of memory");
+  } catch (const std::exception& e) {
+    return MakeStatus(ORT_FAIL, std::string("rmsnorm_onnx: ") + e.what());
+  } catch (...) {
+    return MakeStatus(ORT_FAIL, "rmsnorm_onnx: unknown error");
+  }
+}
+
+}  // namespace rmsnorm_onnx

@@ -1,0 +1,129 @@
+"""One-node models of rmsnorm_onnx::RMSNorm, hand-built with onnx.helper, for the kernel tests.
+
+bfloat16 tensors enter and leave through Cast nodes (float32 graph inputs/outputs), since NumPy
+bfloat16 arrays cannot be fed to onnxruntime directly; bfloat16 values are exact in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from rmsnorm_onnx import op_schema, reference
+from rmsnorm_onnx.runtime import session
+
+DTYPES = ("float32", "float16", "bfloat16")
+ONNX_TYPES = {
+    "float32": TensorProto.FLOAT,
+    "float16": TensorProto.FLOAT16,
+    "bfloat16": TensorProto.BFLOAT16,
+    "float64": TensorProto.DOUBLE,
+    "int32": TensorProto.INT32,
+}
+ORT_ERRORS: tuple[type[Exception], ...]
+try:
+    from onnxruntime.capi import onnxruntime_pybind11_state as _state
+
+    ORT_ERRORS = (_state.Fail, _state.InvalidArgument, _state.InvalidGraph, _state.RuntimeException)
+except ImportError:  # pragma: no cover
+    ORT_ERRORS = (Exception,)
+
+
+def np_dtype(name: str) -> np.dtype:
+    return np.dtype(reference.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def quantize(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a`` rounded to ``dtype`` (what the op sees), returned in that dtype."""
+    return np.asarray(a).astype(np_dtype(dtype))
+
+
+def _feed_type(dtype: str) -> int:
+    return TensorProto.FLOAT if dtype == "bfloat16" else ONNX_TYPES[dtype]
+
+
+def make_model(
+    x_dtype: str,
+    *,
+    scale_dtype: str | None = None,
+    bias_dtype: str | None = None,
+    x_shape: Sequence[int | str] | None = None,
+    scale_shape: Sequence[int] | None = None,
+    bias_shape: Sequence[int] | None = None,
+    constants: dict[str, np.ndarray] | None = None,
+    opset: int = 18,
+    **attrs: object,
+) -> onnx.ModelProto:
+    """X -> RMSNorm(X, scale?, bias?) -> Y, with ``attrs`` passed to ``op_schema.make_node``.
+
+    A missing scale with a bias present is the empty input name ''. Shapes given become the
+    graph inputs' declared shapes (None: unknown rank). ``constants`` makes scale and/or bias
+    initializers with these values (in their dtype; bfloat16 through a Cast ORT folds).
+    """
+    nodes: list[onnx.NodeProto] = []
+    inputs: list[onnx.ValueInfoProto] = []
+    initializers: list[onnx.TensorProto] = []
+    constants = constants or {}
+
+    def graph_input(name: str, dtype: str, shape: Sequence[int | str] | None) -> str:
+        if name in constants:
+            value = np.asarray(constants[name])
+            if dtype == "bfloat16":
+                value = value.astype(np.float32)
+            initializers.append(onnx.numpy_helper.from_array(value, name))
+        else:
+            inputs.append(helper.make_tensor_value_info(name, _feed_type(dtype), shape))
+        if dtype != "bfloat16":
+            return name
+        nodes.append(helper.make_node("Cast", [name], [f"{name}_bf16"], to=TensorProto.BFLOAT16))
+        return f"{name}_bf16"
+
+    op_inputs = [graph_input("x", x_dtype, x_shape)]
+    op_inputs.append(graph_input("scale", scale_dtype, scale_shape) if scale_dtype else "")
+    op_inputs.append(graph_input("bias", bias_dtype, bias_shape) if bias_dtype else "")
+    while op_inputs[-1] == "":
+        op_inputs.pop()
+    y = "y_bf16" if x_dtype == "bfloat16" else "y"
+    nodes.append(op_schema.make_node(op_inputs, [y], name="rmsnorm", **attrs))  # type: ignore[arg-type]
+    if x_dtype == "bfloat16":
+        nodes.append(helper.make_node("Cast", [y], ["y"], to=TensorProto.FLOAT))
+    output = helper.make_tensor_value_info("y", _feed_type(x_dtype), None)
+    graph = helper.make_graph(nodes, "rmsnorm_test", inputs, [output], initializer=initializers)
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset), op_schema.opset_import()]
+    )
+
+
+def feeds(
+    x: np.ndarray, scale: np.ndarray | None = None, bias: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """ORT feeds for arrays already in their dtypes (bfloat16 goes in as float32)."""
+    out = {}
+    for name, a in (("x", x), ("scale", scale), ("bias", bias)):
+        if a is None:
+            continue
+        out[name] = a.astype(np.float32) if a.dtype == np_dtype("bfloat16") else a
+    return out
+
+
+def run(
+    model: onnx.ModelProto,
+    x: np.ndarray,
+    scale: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    providers: Sequence[str] = ("cpu",),
+    **session_kwargs: object,
+) -> np.ndarray:
+    """Y of one run, as float64."""
+    sess = session(model, providers=providers, **session_kwargs)  # type: ignore[arg-type]
+    (y,) = sess.run(None, feeds(x, scale, bias))
+    return np.asarray(y).astype(np.float64)
+
+
+def assert_matches(y: np.ndarray, expected: np.ndarray, dtype: str) -> None:
+    rtol, atol = reference.tolerance(dtype)
+    assert y.shape == expected.shape
+    np.testing.assert_allclose(y, expected, rtol=rtol, atol=atol)

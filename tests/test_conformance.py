@@ -1,0 +1,82 @@
+"""ONNX's own conformance cases for RMSNormalization, run through rmsnorm_onnx::RMSNorm.
+
+RMSNormalization (opset 23) has our op's semantics (eps inside the root, axes [axis, rank), scale
+broadcast over them), so each case's node is rewritten to ours - with ONNX's default epsilon 1e-5
+when the case leaves it out - and must reproduce the case's expected output. Our op needs no
+opset 23 support from onnxruntime, so this runs on every supported onnxruntime.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from rmsnorm_onnx import op_schema, reference
+from rmsnorm_onnx.runtime import session
+
+ONNX_DEFAULT_EPSILON = 1e-5  # RMSNormalization's default, ours is 1e-6
+
+
+def _cases():
+    with warnings.catch_warnings():  # other ops' case generators warn about overflowing casts
+        warnings.simplefilter("ignore")
+        from onnx.backend.test.case.node import collect_testcases
+
+        cases = collect_testcases("RMSNormalization")
+    return [
+        c
+        for c in cases
+        if c.model.graph.node[-1].op_type == "RMSNormalization" and len(c.model.graph.node) == 1
+    ]
+
+
+CASES = _cases()
+
+
+def _as_our_op(model: onnx.ModelProto) -> onnx.ModelProto:
+    (node,) = model.graph.node
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    unknown = set(attrs) - {"axis", "epsilon", "stash_type"}
+    assert not unknown, f"RMSNormalization attributes this test does not map: {unknown}"
+    assert attrs.get("stash_type", 1) == 1  # float32 computation, as our op does
+    ours = op_schema.make_node(
+        list(node.input),
+        list(node.output),
+        epsilon=attrs.get("epsilon", ONNX_DEFAULT_EPSILON),
+        axis=attrs.get("axis", -1),
+        name="rmsnorm",
+    )
+    graph = helper.make_graph(
+        [ours], model.graph.name, list(model.graph.input), list(model.graph.output)
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), op_schema.opset_import()]
+    )
+
+
+def test_onnx_has_the_cases():
+    # the list below must not silently shrink to nothing with an onnx upgrade
+    assert len(CASES) >= 10, [c.name for c in CASES]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_onnx_conformance_case(case):
+    sess = session(_as_our_op(case.model))
+    names = [i.name for i in case.model.graph.input]
+    for inputs, outputs in case.data_sets:
+        (y,) = sess.run(None, dict(zip(names, inputs, strict=True)))
+        (expected,) = outputs
+        assert y.dtype == expected.dtype and y.shape == expected.shape
+        np.testing.assert_allclose(y, expected, rtol=case.rtol, atol=case.atol)
+        # and our reference agrees with ONNX's expected output
+        attrs = {a.name: helper.get_attribute_value(a) for a in case.model.graph.node[0].attribute}
+        ref = reference.rms_norm(
+            *inputs,
+            epsilon=attrs.get("epsilon", ONNX_DEFAULT_EPSILON),
+            axis=attrs.get("axis", -1),
+        )
+        np.testing.assert_allclose(ref, expected, rtol=case.rtol, atol=case.atol)

@@ -1,0 +1,284 @@
+"""The CPU kernel of rmsnorm_onnx::RMSNorm, run through onnxruntime, against the NumPy reference.
+
+dtypes x variants x shapes (hidden 1, 3, 4097, 65536; rank 1-4; axis negative, positive, 0),
+broadcast scales, the golden examples, thread-count independence and edge values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from kernel_models import DTYPES, ORT_ERRORS, assert_matches, make_model, quantize, run
+from onnx import helper
+
+from rmsnorm_onnx import reference
+from rmsnorm_onnx.runtime import session
+
+# The library has a portable row kernel and, on x86-64, an AVX2+FMA+F16C one picked at run time
+# that writes outputs beyond the private caches with non-temporal stores. Environment variables
+# read at session creation select them: RMSNORM_ONNX_CPU_KERNEL forces a kernel,
+# RMSNORM_ONNX_STREAM_MIN_BYTES=0 makes every output streamed (-1: none).
+CPU_KERNELS = {
+    "portable": {"RMSNORM_ONNX_CPU_KERNEL": "portable"},
+    "auto": {"RMSNORM_ONNX_STREAM_MIN_BYTES": "-1"},
+    "auto_streamed": {"RMSNORM_ONNX_STREAM_MIN_BYTES": "0"},
+}
+
+
+@pytest.fixture(params=list(CPU_KERNELS))
+def cpu_kernel(request, monkeypatch):
+    monkeypatch.delenv("RMSNORM_ONNX_CPU_KERNEL", raising=False)
+    monkeypatch.delenv("RMSNORM_ONNX_STREAM_MIN_BYTES", raising=False)
+    for name, value in CPU_KERNELS[request.param].items():
+        monkeypatch.setenv(name, value)
+    return request.param
+
+
+# (x shape, axis): awkward hidden sizes, every rank 1-4, axis negative/positive/0; the (64, 1024)
+# and (2, 65536) cases are big enough to go through ORT's thread pool.
+SHAPES = [
+    ((5, 1), -1),
+    ((2, 3, 3), -1),
+    ((3, 4097), -1),
+    ((2, 65536), -1),
+    ((7,), 0),
+    ((2, 3, 4, 5), -2),
+    ((2, 3, 4, 5), 1),
+    ((4, 6), 0),
+    ((64, 1024), -1),
+    ((3, 17, 33), -1),
+]
+
+# variant -> (with scale, with bias, parameter dtype: "x" = X's dtype, eps_outside, epsilon)
+VARIANTS = {
+    "plain": (False, False, "x", False, 1e-6),
+    "scale": (True, False, "x", False, 1e-6),
+    "scale_bias": (True, True, "x", False, 1e-6),
+    "bias_only": (False, True, "x", False, 1e-6),
+    "eps_outside": (True, False, "x", True, 1e-3),
+    "big_eps": (True, True, "x", False, 0.5),
+    "float32_params": (True, True, "float32", False, 1e-6),
+}
+
+
+def _cases():
+    for dtype in DTYPES:
+        for variant, spec in VARIANTS.items():
+            if spec[2] == "float32" and dtype == "float32":
+                continue  # same as scale_bias
+            for shape, axis in SHAPES:
+                sid = "x".join(map(str, shape))
+                yield pytest.param(
+                    dtype, variant, shape, axis, id=f"{dtype}-{variant}-{sid}-axis{axis}"
+                )
+
+
+def _check(rng, dtype, variant, shape, axis):
+    with_scale, with_bias, pdtype, eps_outside, epsilon = VARIANTS[variant]
+    pdtype = dtype if pdtype == "x" else pdtype
+    norm_shape = shape[axis % len(shape) :]
+    x = quantize(rng.standard_normal(shape) * 2.0 + 0.25, dtype)
+    scale = quantize(rng.uniform(0.5, 1.5, norm_shape), pdtype) if with_scale else None
+    bias = quantize(rng.standard_normal(norm_shape), pdtype) if with_bias else None
+    model = make_model(
+        dtype,
+        scale_dtype=pdtype if with_scale else None,
+        bias_dtype=pdtype if with_bias else None,
+        epsilon=epsilon,
+        axis=axis,
+        eps_outside=eps_outside,
+    )
+    y = run(model, x, scale, bias)
+    expected = reference.rms_norm(
+        x, scale, bias, epsilon=epsilon, axis=axis, eps_outside=eps_outside
+    )
+    assert_matches(y, expected, dtype)
+
+
+@pytest.mark.parametrize(("dtype", "variant", "shape", "axis"), list(_cases()))
+def test_matches_reference(rng, cpu_kernel, dtype, variant, shape, axis):
+    _check(rng, dtype, variant, shape, axis)
+
+
+# Scale/bias shapes over normalized dims (3, 4, 5) (X (2, 3, 4, 5), axis 1): suffixes, inner
+# broadcasts ((inner, period) layouts) and ones no single (inner, period) expresses.
+BROADCASTS = [(), (1,), (5,), (4, 5), (4, 1), (3, 1, 1), (1, 4, 1), (3, 4, 1), (3, 1, 5), (3, 4, 5)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pshape", BROADCASTS, ids=lambda s: "scale" + "x".join(map(str, s)))
+def test_broadcast_scale_and_bias(rng, cpu_kernel, dtype, pshape):
+    x = quantize(rng.standard_normal((2, 3, 4, 5)), dtype)
+    scale = quantize(rng.uniform(0.5, 2.0, pshape), dtype)
+    bias = quantize(rng.standard_normal(pshape), dtype)
+    model = make_model(dtype, scale_dtype=dtype, bias_dtype=dtype, axis=1)
+    y = run(model, x, scale, bias)
+    assert_matches(y, reference.rms_norm(x, scale, bias, axis=1), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pshape", [(64,), (8, 64), (8, 1), (2, 1, 64)], ids=str)
+def test_constant_scale_and_bias(rng, cpu_kernel, dtype, pshape):
+    # initializers: half/bf16 values are converted to float32 once, at session creation
+    x = quantize(rng.standard_normal((3, 2, 8, 64)), dtype)
+    scale = quantize(rng.uniform(0.5, 1.5, pshape), dtype)
+    bias = quantize(rng.standard_normal(pshape), dtype)
+    model = make_model(
+        dtype,
+        scale_dtype=dtype,
+        bias_dtype=dtype,
+        axis=1,
+        constants={"scale": scale, "bias": bias},
+    )
+    sess_y = run(model, x)
+    assert_matches(sess_y, reference.rms_norm(x, scale, bias, axis=1), dtype)
+
+
+def test_golden_examples():
+    # DESIGN §1: x=[2,4,6,8], g=[1.2,0.8,1.0,1.5]; X=[[1,2,3,4],[-1,-2,-3,-4]]
+    x = np.array([2.0, 4.0, 6.0, 8.0], np.float32)
+    g = np.array([1.2, 0.8, 1.0, 1.5], np.float32)
+    y = run(make_model("float32", scale_dtype="float32", epsilon=0.0), x, g)
+    # the seed's table rounds x/rms before scaling (2.192); exactly it is 1.5 * 8 / sqrt(30)
+    np.testing.assert_allclose(y, [0.438, 0.584, 1.095, 2.192], rtol=0, atol=1.2e-3)
+    np.testing.assert_allclose(y, 8 / np.sqrt(30) * np.array([0.25, 0.5, 0.75, 1.0]) * g, rtol=1e-6)
+    x2 = np.array([[1, 2, 3, 4], [-1, -2, -3, -4]], np.float32)
+    y2 = run(make_model("float32", epsilon=0.0), x2)
+    np.testing.assert_allclose(y2[0], [0.3651, 0.7303, 1.0954, 1.4606], atol=5e-5)
+    np.testing.assert_allclose(y2[1], -y2[0])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_inputs_accumulate_in_float32(cpu_kernel, dtype):
+    # 60000^2 * 4096 overflows float16 (max 65504) and loses bf16 precision: only a float32
+    # accumulation gets RMS = 60000 and Y = 1.
+    x = quantize(np.full((2, 4096), 60000.0), dtype)
+    y = run(make_model(dtype), x)
+    assert_matches(y, reference.rms_norm(x), dtype)
+    np.testing.assert_allclose(y, 1.0, rtol=reference.tolerance(dtype)[0])
+
+
+def test_zero_rows():
+    x = np.zeros((3, 8), np.float32)
+    assert np.array_equal(run(make_model("float32"), x), np.zeros((3, 8)))
+    # epsilon 0: 0 / sqrt(0) is NaN, as in the reference (IEEE), never garbage
+    y = run(make_model("float32", epsilon=0.0), x)
+    assert np.isnan(y).all()
+    assert np.isnan(reference.rms_norm(x, epsilon=0.0)).all()
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (3, 0), (0,)], ids=str)
+def test_empty_tensors(shape):
+    x = np.zeros(shape, np.float32)
+    y = run(make_model("float32", axis=-1), x)
+    assert y.shape == shape
+
+
+def test_non_finite_inputs_propagate(cpu_kernel):
+    x = np.array([[1.0, np.inf, 2.0], [1.0, np.nan, 2.0], [1.0, 2.0, 3.0]], np.float32)
+    y = run(make_model("float32"), x)
+    assert np.isnan(y[0]).any() and np.isnan(y[1]).all()
+    assert_matches(y[2:], reference.rms_norm(x[2:]), "float32")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_same_result_for_any_thread_count(rng, dtype):
+    x = quantize(rng.standard_normal((96, 1000)), dtype)
+    scale = quantize(rng.uniform(0.5, 1.5, 1000), dtype)
+    model = make_model(dtype, scale_dtype=dtype)
+    results = []
+    for threads in (1, 2, 3):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        results.append(run(model, x, scale, options=opts))
+    assert np.array_equal(results[0], results[1]) and np.array_equal(results[0], results[2])
+    assert_matches(results[0], reference.rms_norm(x, scale), dtype)
+
+
+def test_symbolic_dims_and_changing_shapes(rng):
+    # one session, inputs of different shapes; the output feeds another op (typed by ORT)
+    model = make_model("float32", scale_dtype="float32", x_shape=["batch", "seq", 64])
+    model.graph.node.append(helper.make_node("Relu", ["y"], ["z"]))
+    model.graph.output[0].name = "z"
+    sess = session(model)
+    scale = rng.uniform(0.5, 1.5, 64).astype(np.float32)
+    for shape in [(1, 1, 64), (2, 7, 64), (5, 300, 64)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        (z,) = sess.run(None, {"x": x, "scale": scale})
+        assert_matches(z.astype(np.float64), np.maximum(reference.rms_norm(x, scale), 0), "float32")
+
+
+def test_bias_only_output_is_typed_for_the_next_op(rng):
+    # scale omitted as '': ORT cannot infer Y's type from the inputs' constraints, the graph
+    # must still resolve and run
+    model = make_model("float16", bias_dtype="float16")
+    model.graph.node.append(helper.make_node("Neg", ["y"], ["z"]))
+    model.graph.output[0].name = "z"
+    x = rng.standard_normal((4, 16)).astype(np.float16)
+    bias = rng.standard_normal(16).astype(np.float16)
+    (z,) = session(model).run(None, {"x": x, "bias": bias})
+    assert z.dtype == np.float16
+    assert_matches(-z.astype(np.float64), reference.rms_norm(x, None, bias), "float16")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_output_rounding_is_exact(cpu_kernel, dtype):
+    # Rows of a constant power of two normalize to exactly 1, so Y = float32 scale rounded to
+    # X's type: the kernel's float32 -> half conversion must equal NumPy's (round to nearest even)
+    # on halfway cases, subnormals, overflow, signed zero, inf and NaN; across vector bodies and
+    # tails (cols 37).
+    edge = np.array(
+        [
+            0.0,
+            -0.0,
+            1.0,
+            1.0 + 2**-11,
+            1.0 + 3 * 2**-11,
+            1.0 + 2**-8,
+            1.0 + 3 * 2**-8,
+            2**-24,
+            2**-25,
+            3 * 2**-25,
+            2**-14 - 2**-25,
+            6e-8,
+            65504.0,
+            65519.99,
+            65520.0,
+            1e6,
+            -1e6,
+            3.4e38,
+            -np.inf,
+            np.inf,
+            np.nan,
+            1.00048828125,
+            0.1,
+            -0.3,
+            123.456,
+            2**-130,
+            2**-126,
+            1 + 2**-9,
+            1 + 2**-16,
+            1 - 2**-17,
+            7.0,
+            -65504.0,
+            1e-7,
+            5.9604645e-8,
+            3e-5,
+            1e-45,
+            2.0,
+        ],
+        np.float32,
+    )
+    x = quantize(np.full((3, edge.size), 0.5), dtype)
+    y = run(make_model(dtype, scale_dtype="float32", epsilon=0.0), x, edge)
+    with np.errstate(over="ignore"):
+        expected = np.broadcast_to(quantize(edge, dtype).astype(np.float64), y.shape)
+    np.testing.assert_array_equal(y, expected)  # NaN == NaN here
+    np.testing.assert_array_equal(np.signbit(y), np.signbit(expected))
+
+
+def test_kernel_choice_is_validated(monkeypatch):
+    monkeypatch.setenv("RMSNORM_ONNX_CPU_KERNEL", "sse9")
+    with pytest.raises(ORT_ERRORS, match="RMSNORM_ONNX_CPU_KERNEL must be 'portable' or 'avx2'"):
+        run(make_model("float32"), np.ones((2, 4), np.float32))

@@ -1,0 +1,198 @@
+"""rmsnorm_onnx.runtime (library_path, session, providers) and the built library itself."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from kernel_models import make_model
+
+from rmsnorm_onnx import op_schema, runtime
+from rmsnorm_onnx.errors import RMSNormOnnxError
+from rmsnorm_onnx.runtime import cuda_available, library_path, session
+
+CSRC = Path(__file__).resolve().parents[1] / "rmsnorm_onnx" / "csrc"
+X = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+
+
+def _y(sess):
+    return sess.run(None, {"x": X})[0]
+
+
+# --- library_path -------------------------------------------------------------------------------
+
+
+def test_library_path_honours_the_environment(monkeypatch, tmp_path):
+    real = library_path()
+    monkeypatch.setenv(runtime.LIBRARY_ENV, real)
+    assert library_path() == str(Path(real).resolve())
+    monkeypatch.setenv(runtime.LIBRARY_ENV, str(tmp_path / "nope.so"))
+    with pytest.raises(RMSNormOnnxError, match=r"RMSNORM_ONNX_LIBRARY=.*nope\.so: no such file"):
+        library_path()
+
+
+def test_missing_library_says_how_to_build_it(monkeypatch):
+    monkeypatch.delenv(runtime.LIBRARY_ENV, raising=False)
+    monkeypatch.setitem(runtime._LIBRARY_NAMES, sys.platform, "librmsnorm_onnx_missing.so")
+    with pytest.raises(
+        RMSNormOnnxError, match=r"not built .*pip install \..*cmake -S rmsnorm_onnx/csrc"
+    ):
+        library_path()
+
+
+# --- session ------------------------------------------------------------------------------------
+
+
+def test_session_takes_a_proto_bytes_or_path(tmp_path):
+    model = make_model("float32")
+    model.ir_version = 14  # what onnx 1.23's make_model stamps; too new for some onnxruntimes
+    expected = _y(session(model))
+    assert model.ir_version == 14  # the caller's proto is left as it was
+    from rmsnorm_onnx.onnx_io import save_model, set_ir_version
+
+    path = save_model(make_model("float32"), tmp_path / "m.onnx")
+    assert np.array_equal(_y(session(path)), expected)
+    assert np.array_equal(_y(session(str(path))), expected)
+    data = set_ir_version(make_model("float32")).SerializeToString()
+    assert np.array_equal(_y(session(data)), expected)
+
+
+def test_session_rejects_what_is_not_a_model(tmp_path):
+    with pytest.raises(RMSNormOnnxError, match="no such ONNX file"):
+        session(tmp_path / "missing.onnx")
+    with pytest.raises(RMSNormOnnxError, match=r"must be a path, bytes or onnx\.ModelProto"):
+        session(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "providers",
+    ["cpu", ("CPU",), ["CPUExecutionProvider"], [("cpu", {})]],
+    ids=["str", "alias", "ort_name", "with_options"],
+)
+def test_provider_aliases(providers):
+    sess = session(make_model("float32"), providers=providers)
+    assert sess.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_unknown_provider_is_named():
+    with pytest.raises(
+        RMSNormOnnxError, match=r"unknown execution provider 'TPUExecutionProvider'"
+    ):
+        session(make_model("float32"), providers=["TPUExecutionProvider"])
+    with pytest.raises(RMSNormOnnxError, match="no execution provider given"):
+        session(make_model("float32"), providers=[])
+
+
+@pytest.mark.skipif(cuda_available(), reason="a CUDA device is usable here")
+def test_cuda_asked_for_but_unusable_is_an_error_not_a_fallback():
+    reason = runtime.cuda_unavailable_reason()
+    assert reason
+    with pytest.raises(
+        RMSNormOnnxError, match=r"CUDAExecutionProvider was asked for but cannot run"
+    ):
+        session(make_model("float32"), providers=["cuda", "cpu"])
+
+
+def test_options_and_kwargs_are_passed_on():
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = session(make_model("float32"), options=opts)
+    assert sess.get_session_options().intra_op_num_threads == 1
+
+
+def test_options_with_the_library_already_registered():
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(library_path())
+    with pytest.raises(RMSNormOnnxError, match="already have the rmsnorm_onnx library registered"):
+        session(make_model("float32"), options=opts)
+
+
+def test_plain_onnxruntime_usage():
+    # what the README shows: register the library on your own SessionOptions
+    from rmsnorm_onnx.onnx_io import set_ir_version
+
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(library_path())
+    model = set_ir_version(make_model("float32")).SerializeToString()
+    one = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    two = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])  # options reused
+    assert np.array_equal(_y(one), _y(two))
+
+
+def test_runtime_never_imports_torch():
+    code = (
+        "import sys, rmsnorm_onnx.runtime as r; r.session; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    env = {**os.environ, "PYTHONPATH": str(CSRC.parents[1])}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+# --- the library --------------------------------------------------------------------------------
+
+
+def test_op_names_match_op_schema():
+    header = CSRC / "op_common.h"
+    if not header.is_file():
+        pytest.skip("C++ sources not present (installed package)")
+    text = header.read_text()
+    domain = re.search(r'kDomain = "([^"]+)"', text).group(1)
+    op_type = re.search(r'kOpType = "([^"]+)"', text).group(1)
+    version = int(re.search(r"kOpVersion = (\d+);", text).group(1))
+    assert (domain, op_type, version) == (op_schema.DOMAIN, op_schema.OP_TYPE, op_schema.VERSION)
+    # and the built library registers exactly that: a node made by op_schema runs
+    assert _y(session(make_model("float32"))).shape == X.shape
+
+
+def _build_info() -> dict[str, str]:
+    data = Path(library_path()).read_bytes()
+    match = re.search(rb"rmsnorm_onnx-build: ([^\0]*)\0", data)
+    assert match, "the library carries no build-info string"
+    return dict(kv.split("=", 1) for kv in match.group(1).decode().split())
+
+
+def _nvcc_found() -> bool:
+    return bool(
+        shutil.which("nvcc")
+        or os.environ.get("CUDACXX")
+        or Path("/usr/local/cuda/bin/nvcc").exists()
+    )
+
+
+def test_library_loads_here_with_the_cuda_kernel_compiled_in():
+    # The CUDA runtime is linked statically: a CUDA build must load and run on the CPU EP on a
+    # machine without a GPU or driver. Where nvcc exists, the build must have compiled CUDA in.
+    info = _build_info()
+    if os.environ.get("RMSNORM_ONNX_CUDA", "").upper() == "OFF":
+        pytest.skip("library built with RMSNORM_ONNX_CUDA=OFF")
+    if not _nvcc_found():
+        pytest.skip("no nvcc: the library is built CPU-only")
+    assert info["cuda"] == "1", f"nvcc exists but the library was built without CUDA: {info}"
+    assert np.isfinite(_y(session(make_model("float32")))).all()
+
+
+def test_library_needs_ort_api_21_at_most():
+    assert int(_build_info()["ort_api"]) <= 21  # so onnxruntime 1.21 can load it
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF tools")
+def test_library_exports_one_symbol_and_does_not_link_onnxruntime():
+    nm, readelf = shutil.which("nm"), shutil.which("readelf")
+    if not nm or not readelf:
+        pytest.skip("binutils (nm, readelf) not installed")
+    lib = library_path()
+    out = subprocess.run(
+        [nm, "-D", "--defined-only", lib], capture_output=True, text=True, check=True
+    )
+    symbols = {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
+    assert symbols == {"RegisterCustomOps"}
+    out = subprocess.run([readelf, "-d", lib], capture_output=True, text=True, check=True)
+    needed = re.findall(r"\(NEEDED\).*\[(.+)\]", out.stdout)
+    assert needed and not [n for n in needed if "onnxruntime" in n or "cuda" in n], needed
