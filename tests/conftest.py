@@ -2,39 +2,17 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
-
 import numpy as np
 import pytest
 
-
-@functools.cache
-def cuda_unavailable_reason() -> str | None:
-    """None when a CUDA device and onnxruntime's CUDA provider are both usable, else why not."""
-    try:
-        libcuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return "no CUDA driver (libcuda.so.1 not found)"
-    count = ctypes.c_int(0)
-    if libcuda.cuInit(0) != 0 or libcuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
-        return "CUDA driver present but cuInit/cuDeviceGetCount failed"
-    if count.value == 0:
-        return "no CUDA device"
-    import onnxruntime as ort
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return "onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
-    return None
+from rmsnorm_onnx.runtime import cuda_unavailable_reason
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = None
-    for item in items:
-        if "gpu" in item.keywords:
-            reason = reason or cuda_unavailable_reason()
-            if reason:
-                item.add_marker(pytest.mark.skip(reason=f"GPU test: {reason}"))
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    reason = cuda_unavailable_reason() if gpu_items else None
+    for item in gpu_items if reason else []:
+        item.add_marker(pytest.mark.skip(reason=f"GPU test: {reason}"))
 
 
 @pytest.fixture
