@@ -19,3 +19,10 @@ if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   target_compile_options(rmsnorm_onnx_emulated PRIVATE -Wall -Wextra -O2)
 endif()
 install(TARGETS rmsnorm_onnx_emulated LIBRARY DESTINATION rmsnorm_onnx RUNTIME DESTINATION rmsnorm_onnx)
+
+if(RMSNORM_ONNX_SANITIZE)
+  # the sanitizer run (tools/run_sanitized.sh) checks the emulated CUDA kernel too
+  target_compile_options(rmsnorm_onnx_emulated PRIVATE
+    -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  target_link_options(rmsnorm_onnx_emulated PRIVATE -fsanitize=address,undefined)
+endif()
