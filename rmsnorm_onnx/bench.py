@@ -93,15 +93,17 @@ class Row:
     @property
     def nbytes(self) -> int:
         """Bytes this implementation must move: X and Y, plus the weight (not for the copy)."""
-        itemsize = np.dtype(self.dtype).itemsize
-        n = math.prod(self.shape)
-        weight = 0 if self.impl == COPY else self.shape[-1]
-        return (2 * n + weight) * itemsize
+        return _moved_bytes(self.impl, self.shape, self.dtype)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["shape"] = list(self.shape)
         return d
+
+
+def _moved_bytes(impl: str, shape: tuple[int, ...], dtype: str) -> int:
+    weight = 0 if impl == COPY else shape[-1]
+    return (2 * math.prod(shape) + weight) * np.dtype(dtype).itemsize
 
 
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
@@ -213,7 +215,7 @@ def _ort_runner(
 ) -> Callable[[], None]:
     import onnxruntime as ort
 
-    from .runtime import library_path, resolve_providers
+    from .runtime import session
 
     model = _build(impl, str(weight.dtype), tuple(x_value.shape()), weight)
     opts = ort.SessionOptions()
@@ -221,13 +223,9 @@ def _ort_runner(
         opts.intra_op_num_threads = threads
     # Sessions take turns: idle pool threads spinning would steal the next session's cores.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if impl == OURS:
-        opts.register_custom_ops_library(library_path())
-    providers = resolve_providers([provider])
-    sess = ort.InferenceSession(model, opts, providers=providers)
-    ort_name = providers[0] if isinstance(providers[0], str) else providers[0][0]
-    if sess.get_providers()[0] != ort_name:
-        raise RuntimeError(f"onnxruntime fell back to {sess.get_providers()[0]}")
+    # session() registers our library (unused by the other models) and refuses ORT's fall back
+    # from CUDA to the CPU
+    sess = session(model, providers=(provider,), options=opts)
     binding = sess.io_binding()
     binding.bind_ortvalue_input("x", x_value)
     binding.bind_ortvalue_output("y", y_value)
@@ -362,8 +360,7 @@ def run(
             for impl in impls:
                 ms = statistics.median(times[impl]) * 1e3 if impl in times else math.nan
                 note = notes.get(impl, "" if impl in times else "not timed")
-                probe = Row(impl, shape, dtype, provider, ms, math.nan, math.nan)
-                gbps = probe.nbytes / (ms * 1e-3) / 1e9 if not math.isnan(ms) else math.nan
+                gbps = _moved_bytes(impl, shape, dtype) / (ms * 1e-3) / 1e9
                 runs = len(times.get(impl, ()))
                 rows.append(Row(impl, shape, dtype, provider, ms, gbps, ms / ours_ms, runs, note))
     return rows

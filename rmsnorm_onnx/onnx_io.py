@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from onnx import helper
 
 from .errors import InvalidModelError, UsageError
 
-__all__ = ["atomic_path", "load_model", "save_model", "set_ir_version"]
+__all__ = ["atomic_path", "load_model", "save_model", "serialize", "set_ir_version"]
 
 
 def set_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -26,6 +26,16 @@ def set_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def serialize(model: onnx.ModelProto) -> bytes:
+    """The model's bytes with the lowest valid IR version (as ``set_ir_version``), for handing to
+    onnxruntime; the caller's proto is left as it was."""
+    original = model.ir_version
+    try:
+        return set_ir_version(model).SerializeToString()
+    finally:
+        model.ir_version = original
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; move it over ``path`` only if the block succeeds."""
@@ -35,20 +45,28 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise UsageError(f"{target}: is a directory, not a file path")
     if not folder.is_dir():
         raise UsageError(f"{target}: folder {folder} does not exist")
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise UsageError(f"{target}: cannot write here ({e.strerror})") from None
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp_name, 0o666 & ~umask)  # mkstemp makes 0600; a saved model is an ordinary file
-    tmp = Path(tmp_name)
+    tmp = _new_file_beside(target, folder)
     try:
         yield tmp
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _new_file_beside(target: Path, folder: Path) -> Path:
+    """A new empty file next to ``target``, created 0666 less the umask like any saved file
+    (mkstemp's 0600 would make the model private; reading the umask means setting it, which
+    races with other threads)."""
+    for _ in range(100):
+        tmp = folder / f".{target.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise UsageError(f"{target}: cannot write here ({e.strerror})") from None
+        return tmp
+    raise UsageError(f"{target}: cannot create a temporary file in {folder}")
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from .errors import RMSNormOnnxError
-from .onnx_io import set_ir_version
+from .onnx_io import serialize
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -62,8 +62,14 @@ def library_path() -> str:
     path = Path(__file__).resolve().parent / name
     if path.is_file():
         return str(path)
+    hint = _BUILD_HINT
+    if (path.parent / "csrc").is_dir():  # wheels leave the sources out: this is a checkout
+        hint += (
+            f"; if the package is installed, this source checkout ({path.parent.parent}) shadows "
+            "it: run from another folder"
+        )
     raise RMSNormOnnxError(
-        f"the rmsnorm_onnx custom-op library is not built ({path} missing): {_BUILD_HINT}"
+        f"the rmsnorm_onnx custom-op library is not built ({path} missing): {hint}"
     )
 
 
@@ -122,12 +128,7 @@ def resolve_providers(providers: Sequence[ProviderSpec] | str) -> list[ProviderS
 
 def _model_argument(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> str | bytes:
     if isinstance(model, onnx.ModelProto):
-        # Stamp the lowest valid IR version for ORT without changing the caller's proto.
-        original = model.ir_version
-        try:
-            return set_ir_version(model).SerializeToString()
-        finally:
-            model.ir_version = original
+        return serialize(model)  # the lowest valid IR version for ORT; the proto is left alone
     if isinstance(model, bytes | bytearray):
         return bytes(model)
     if isinstance(model, str | os.PathLike):

@@ -24,6 +24,9 @@ def cli_env(**extra: str) -> dict[str, str]:
     """The caller's environment (RMSNORM_ONNX_LIBRARY included), importing the same package."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
+    # `python -m` puts the working folder first on sys.path: run from a checkout, its source
+    # package (which has no built library) would shadow the installed one under test.
+    env["PYTHONSAFEPATH"] = "1"
     env.pop("PYTHONSTARTUP", None)
     env.update(extra)
     return env

@@ -195,7 +195,7 @@ def expected(v: Variant, inputs: dict[str, np.ndarray]) -> np.ndarray:
 def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     import onnxruntime as ort
 
-    data = onnx_io.set_ir_version(model).SerializeToString()
+    data = onnx_io.serialize(model)
     if any(o.domain == op_schema.DOMAIN for o in model.opset_import):
         from rmsnorm_onnx.runtime import session
 

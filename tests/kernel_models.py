@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from rmsnorm_onnx import op_schema, reference
@@ -127,3 +128,62 @@ def assert_matches(y: np.ndarray, expected: np.ndarray, dtype: str) -> None:
     rtol, atol = reference.tolerance(dtype)
     assert y.shape == expected.shape
     np.testing.assert_allclose(y, expected, rtol=rtol, atol=atol)
+
+
+# variant -> (with scale, with bias, parameter dtype: "x" = X's dtype, eps_outside, epsilon)
+VARIANTS = {
+    "plain": (False, False, "x", False, 1e-6),
+    "scale": (True, False, "x", False, 1e-6),
+    "scale_bias": (True, True, "x", False, 1e-6),
+    "bias_only": (False, True, "x", False, 1e-6),
+    "eps_outside": (True, False, "x", True, 1e-3),
+    "big_eps": (True, True, "x", False, 0.5),
+    "float32_params": (True, True, "float32", False, 1e-6),
+}
+
+
+def variant_cases(shapes: Sequence[tuple[tuple[int, ...], int]]) -> list[object]:
+    """pytest params (dtype, variant, shape, axis) over DTYPES x VARIANTS x ``shapes``."""
+    cases = []
+    for dtype in DTYPES:
+        for variant, spec in VARIANTS.items():
+            if spec[2] == "float32" and dtype == "float32":
+                continue  # same as scale_bias
+            for shape, axis in shapes:
+                sid = "x".join(map(str, shape))
+                cases.append(
+                    pytest.param(
+                        dtype, variant, shape, axis, id=f"{dtype}-{variant}-{sid}-axis{axis}"
+                    )
+                )
+    return cases
+
+
+def check_variant(
+    rng: np.random.Generator,
+    dtype: str,
+    variant: str,
+    shape: tuple[int, ...],
+    axis: int,
+    providers: Sequence[str] = ("cpu",),
+) -> None:
+    """One VARIANTS case on ``providers`` against the reference, within the dtype's tolerance."""
+    with_scale, with_bias, pdtype, eps_outside, epsilon = VARIANTS[variant]
+    pdtype = dtype if pdtype == "x" else pdtype
+    norm_shape = shape[axis % len(shape) :]
+    x = quantize(rng.standard_normal(shape) * 2.0 + 0.25, dtype)
+    scale = quantize(rng.uniform(0.5, 1.5, norm_shape), pdtype) if with_scale else None
+    bias = quantize(rng.standard_normal(norm_shape), pdtype) if with_bias else None
+    model = make_model(
+        dtype,
+        scale_dtype=pdtype if with_scale else None,
+        bias_dtype=pdtype if with_bias else None,
+        epsilon=epsilon,
+        axis=axis,
+        eps_outside=eps_outside,
+    )
+    y = run(model, x, scale, bias, providers=providers)
+    expected = reference.rms_norm(
+        x, scale, bias, epsilon=epsilon, axis=axis, eps_outside=eps_outside
+    )
+    assert_matches(y, expected, dtype)

@@ -84,21 +84,15 @@ def test_bad_arguments():
 
 def test_models_compute_rmsnorm():
     # every ONNX implementation the benchmark times computes the same thing
-    import onnxruntime as ort
-
     from rmsnorm_onnx import reference
-    from rmsnorm_onnx.runtime import library_path
+    from rmsnorm_onnx.runtime import session
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 32)).astype(np.float32)
     w = rng.uniform(0.5, 1.5, 32).astype(np.float32)
     expected = reference.rms_norm(x, w, epsilon=bench.EPSILON)
     for impl in ["rmsnorm_onnx", "decomposed", "SimplifiedLayerNormalization"]:
-        opts = ort.SessionOptions()
-        opts.register_custom_ops_library(library_path())
-        sess = ort.InferenceSession(
-            bench._build(impl, "float32", x.shape, w), opts, providers=["CPUExecutionProvider"]
-        )
+        sess = session(bench._build(impl, "float32", x.shape, w))
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], expected, rtol=1e-5, atol=1e-5)
 
 

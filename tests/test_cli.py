@@ -153,6 +153,18 @@ def test_quiet_hides_notes(capsys) -> None:
     assert capsys.readouterr().err == "rmsnorm-onnx: warning: shown\n"
 
 
+def _python(code: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -c code`` in a fresh interpreter importing this checkout (what a user starts)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=timeout,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -173,14 +185,7 @@ def test_no_torch_import(argv: list[str], tmp_path) -> None:
         f"    rc = main({argv!r})\n"
         "print(rc, sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=120,
-        check=False,
-    )
+    result = _python(code, timeout=120)
     assert result.returncode == 0, result.stderr
     rc, modules = result.stdout.strip().split(" ", 1)
     assert modules == "[]", f"torch imported by {argv}: {modules}"
@@ -197,14 +202,7 @@ def test_help_starts_without_heavy_imports() -> None:
         "heavy = ('numpy', 'onnx', 'onnxruntime', 'onnxscript', 'torch', 'netron', 'matplotlib')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=60,
-        check=False,
-    )
+    result = _python(code, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 

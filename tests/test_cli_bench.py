@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
@@ -52,3 +53,16 @@ def test_bench_plot_into_missing_folder_is_a_usage_error(tmp_path: Path) -> None
     result = run_cli("bench", "--shapes", "8x64", "--plot", tmp_path / "no" / "p.png")
     assert result.returncode == 2
     assert "does not exist" in error_lines(result.stderr)[0]
+
+
+def test_cli_spells_the_library_defaults() -> None:
+    # cli/bench.py copies these so that --help does not import numpy/onnx through rmsnorm_onnx.bench
+    from rmsnorm_onnx import bench
+    from rmsnorm_onnx.cli import bench as cli_bench
+
+    assert cli_bench.IMPLS == bench.IMPLS
+    parser = cli_bench.add_parser(argparse.ArgumentParser().add_subparsers())
+    options = {a.dest: a for a in parser._actions}
+    assert options["dtypes"].default == ",".join(bench.DEFAULT_DTYPES)
+    shapes = ",".join("x".join(map(str, s)) for s in bench.DEFAULT_SHAPES)
+    assert f"(default: {shapes})" in " ".join(options["shapes"].help.split())

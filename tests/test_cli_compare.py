@@ -32,6 +32,19 @@ def test_special_values(a: list[float], b: list[float], ok: bool) -> None:
     assert compare_arrays(np.array(a), np.array(b), atol=1e-3).ok is ok
 
 
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        pytest.param([np.inf, 1.0], [-np.inf, 1.0], id="opposite-infinity"),
+        pytest.param([5.0, 1.0], [np.inf, 1.0], id="finite-vs-infinity"),
+        pytest.param([-np.inf, 1.0], [np.inf, 1.0], id="infinity-vs-opposite"),
+    ],
+)
+def test_an_infinite_reference_is_no_infinite_tolerance(a: list[float], b: list[float]) -> None:
+    # rtol * |inf| is inf: only an equal infinity may match one
+    assert not compare_arrays(np.array(a), np.array(b), atol=1e-3, rtol=1e-3).ok
+
+
 def test_shape_mismatch_is_never_ok() -> None:
     diff = compare_arrays(np.zeros((2, 3)), np.zeros((3, 2)), atol=1.0)
     assert not diff.ok and diff.text() == "shapes differ: (2, 3) vs (3, 2)"

@@ -3,32 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from cli_support import run_cli
 from fusion_graphs import Variant, build
 from onnx import helper
 
 from rmsnorm_onnx import onnx_io
 from rmsnorm_onnx.cli.main import main
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "rmsnorm_onnx.cli.main", "fuse", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return run_cli("fuse", *args)
 
 
 def _two_norms(tmp_path: Path) -> Path:

@@ -106,6 +106,14 @@ def test_integer_and_bool_inputs() -> None:
     assert feeds["mask"].array.dtype == np.bool_
 
 
+def test_gather_with_an_axis_beyond_its_table_sets_no_bound() -> None:
+    # a malformed Gather is for onnxruntime to report, not an IndexError here
+    table = numpy_helper.from_array(np.zeros((11, 8), np.float32), "table")
+    gather = helper.make_node("Gather", ["table", "ids"], ["out"], axis=2)
+    model = _model(_value("ids", TensorProto.INT64, (3,)), initializers=[table], nodes=[gather])
+    assert inputs.integer_highs(model) == {}
+
+
 @pytest.mark.parametrize(
     ("array", "expected"),
     [

@@ -2,23 +2,17 @@
 
 cmake/cuda.cmake captures ptxas's resource report (-Xptxas -v) of every kernel and architecture
 and puts it beside the library as ``rmsnorm_onnx_ptxas.txt`` (build tree and installed package).
-A CPU-only build has none: the test skips where no nvcc is on PATH (or RMSNORM_ONNX_CUDA=OFF
+A CPU-only build has none: the test skips where CMake finds no nvcc (or RMSNORM_ONNX_CUDA=OFF
 asked for a CPU-only build), and fails where nvcc is there but the report is not.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
+import native_build
 import pytest
-
-from rmsnorm_onnx import runtime
-from rmsnorm_onnx.errors import RMSNormOnnxError
 
 REPORT_NAME = "rmsnorm_onnx_ptxas.txt"
 ARCHITECTURES = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
@@ -80,29 +74,17 @@ def parse_report(text: str) -> list[KernelUsage]:
     return kernels
 
 
-def _report_path() -> Path | None:
-    folders = []
-    with contextlib.suppress(RMSNormOnnxError):
-        folders.append(Path(runtime.library_path()).parent)
-    folders.append(Path(runtime.__file__).parent)
-    for folder in folders:
-        if (folder / REPORT_NAME).is_file():
-            return folder / REPORT_NAME
-    return None
-
-
 @pytest.fixture(scope="module")
 def kernels() -> list[KernelUsage]:
-    path = _report_path()
+    path = native_build.built_file(REPORT_NAME)
     if path is None:
-        cpu_only = os.environ.get("RMSNORM_ONNX_CUDA", "").upper() in ("OFF", "0", "NO", "FALSE")
-        nvcc = shutil.which("nvcc") or os.environ.get("CUDACXX")
-        if nvcc and not cpu_only:
-            pytest.fail(
-                f"nvcc is here ({nvcc}) but the build left no {REPORT_NAME} beside the library: "
-                "was the CUDA kernel compiled (RMSNORM_ONNX_CUDA=AUTO/ON, cmake/cuda.cmake)?"
-            )
-        pytest.skip("CPU-only build: no nvcc, so no CUDA kernels to check")
+        if reason := native_build.no_cuda_reason():
+            pytest.skip(f"CPU-only build ({reason}): no CUDA kernels to check")
+        pytest.fail(
+            f"nvcc is here ({native_build.nvcc()}) but the build left no {REPORT_NAME} beside "
+            "the library: was the CUDA kernel compiled (RMSNORM_ONNX_CUDA=AUTO/ON, "
+            "cmake/cuda.cmake)?"
+        )
     found = parse_report(path.read_text())
     assert found, f"{path} holds no ptxas entry-function report"
     return found

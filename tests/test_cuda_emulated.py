@@ -12,247 +12,36 @@ Expected values come from ``reference.rms_norm``, tolerances from ``reference.to
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import math
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_emulator import (
+    DEFAULT_DEVICE,
+    DEVICES,
+    DTYPES,
+    MAX_GRID,
+    MODES,
+    Config,
+    Emulator,
+    buffer,
+    filled,
+    normalize,
+)
 
-from rmsnorm_onnx import reference, runtime
-from rmsnorm_onnx.errors import RMSNormOnnxError
-
-DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
-DTYPES["bfloat16"] = np.dtype(reference.bfloat16)
-DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}  # launch.h's DType
-MODES = ("warp_registers", "block_registers", "block_shared", "block_reread")  # launch_config.h
-
-# Dynamic shared memory a block can opt into, less the kernel's 256 static bytes, by architecture
-# (what rmsnorm.cu asks the device for).
-DEVICES = {
-    "sm_75": 64 * 1024 - 256,
-    "sm_80": 163 * 1024 - 256,
-    "sm_86": 99 * 1024 - 256,
-    "sm_89": 99 * 1024 - 256,
-    "sm_90": 227 * 1024 - 256,
-}
-DEFAULT_DEVICE = "sm_90"
-MAX_GRID = 2**31 - 1
+from rmsnorm_onnx import reference
 
 # The issue's hidden sizes, plus 100/200/300, which reach the 2- and 4-vector warp kernels.
 HIDDEN = (1, 3, 31, 32, 33, 100, 200, 300, 1023, 1024, 4097, 8192, 65536)
-LIBRARY_NAMES = ("librmsnorm_onnx_emulated.so", "librmsnorm_onnx_emulated.dylib")
-
-
-# ----------------------------------------------------------------------------- the library
-
-
-class _Config(ctypes.Structure):
-    _fields_ = [
-        ("mode", ctypes.c_int32),
-        ("vec", ctypes.c_int32),
-        ("items", ctypes.c_int32),
-        ("threads", ctypes.c_int32),
-        ("rows_per_block", ctypes.c_int32),
-        ("smem_bytes", ctypes.c_int32),
-        ("grid", ctypes.c_int64),
-        ("register_words", ctypes.c_int32),
-    ]
-
-
-@dataclass(frozen=True)
-class Config:
-    mode: str
-    vec: int
-    items: int
-    threads: int
-    rows_per_block: int
-    smem_bytes: int
-    grid: int
-    register_words: int
-
-    @classmethod
-    def from_c(cls, c: _Config) -> Config:
-        return cls(
-            MODES[c.mode],
-            c.vec,
-            c.items,
-            c.threads,
-            c.rows_per_block,
-            c.smem_bytes,
-            c.grid,
-            c.register_words,
-        )
-
-
-def library_path() -> Path:
-    """$RMSNORM_ONNX_EMULATED_LIBRARY, else beside the custom-op library or in the package."""
-    if env := os.environ.get("RMSNORM_ONNX_EMULATED_LIBRARY"):
-        return Path(env)
-    folders = []
-    with contextlib.suppress(RMSNormOnnxError):
-        folders.append(Path(runtime.library_path()).parent)
-    folders.append(Path(runtime.__file__).parent)
-    for folder in folders:
-        for name in LIBRARY_NAMES:
-            if (folder / name).is_file():
-                return folder / name
-    raise FileNotFoundError(
-        f"librmsnorm_onnx_emulated not found in {[str(f) for f in folders]}: build the package "
-        "(RMSNORM_ONNX_EMULATION=ON, the default) or set RMSNORM_ONNX_EMULATED_LIBRARY"
-    )
-
-
-class Emulator:
-    """ctypes binding of cuda/emulated_api.cc."""
-
-    def __init__(self, path: Path) -> None:
-        lib = ctypes.CDLL(str(path))
-        i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
-        lib.rmsnorm_onnx_emulated_config.argtypes = [
-            *(i32, i64, i64, ctypes.c_uint64, ctypes.c_uint64, i32, i64),
-            ctypes.POINTER(_Config),
-        ]
-        lib.rmsnorm_onnx_emulated_config.restype = i32
-        lib.rmsnorm_onnx_emulated_run.argtypes = [
-            *(ptr, ptr, ptr, i64, ptr, i64, i32, i32, i32, i64, i64),
-            *(i64, i64, i64, i64, ctypes.c_float, i32, i32, i64, ctypes.c_uint64),
-            *(ctypes.POINTER(_Config), ctypes.c_char_p, i64),
-        ]
-        lib.rmsnorm_onnx_emulated_run.restype = i32
-        self._lib = lib
-
-    def config(
-        self,
-        dtype: str,
-        rows: int,
-        cols: int,
-        *,
-        x_addr: int = 0,
-        y_addr: int = 0,
-        device: str = DEFAULT_DEVICE,
-        max_grid: int = MAX_GRID,
-    ) -> Config:
-        out = _Config()
-        rc = self._lib.rmsnorm_onnx_emulated_config(
-            DTYPE_CODES[dtype], rows, cols, x_addr, y_addr, DEVICES[device], max_grid, out
-        )
-        assert rc == 0
-        return Config.from_c(out)
-
-    def run(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        scale: np.ndarray | None = None,
-        bias: np.ndarray | None = None,
-        *,
-        scale_pair: tuple[int, int] = (1, 1),
-        bias_pair: tuple[int, int] = (1, 1),
-        epsilon: float = 1e-6,
-        eps_outside: bool = False,
-        device: str = DEFAULT_DEVICE,
-        max_grid: int = MAX_GRID,
-        seed: int = 0,
-    ) -> Config:
-        """Y = RMSNorm(X) over the last axis of 2-D x and y; raises with the kernel's error."""
-        rows, cols = x.shape
-        assert y.shape == x.shape and x.flags.c_contiguous and y.flags.c_contiguous
-
-        def pointer(a: np.ndarray | None) -> int | None:
-            return None if a is None else a.ctypes.data
-
-        def code(a: np.ndarray | None) -> int:
-            return 0 if a is None else DTYPE_CODES[a.dtype.name]
-
-        used = _Config()
-        error = ctypes.create_string_buffer(1024)
-        rc = self._lib.rmsnorm_onnx_emulated_run(
-            *(pointer(x), pointer(y), pointer(scale), 0 if scale is None else scale.size),
-            *(pointer(bias), 0 if bias is None else bias.size),
-            *(DTYPE_CODES[x.dtype.name], code(scale), code(bias), rows, cols),
-            *(*scale_pair, *bias_pair, epsilon, int(eps_outside), DEVICES[device], max_grid, seed),
-            *(used, error, len(error)),
-        )
-        if rc != 0:
-            raise RuntimeError(error.value.decode())
-        return Config.from_c(used)
-
-
-@pytest.fixture(scope="module")
-def emu() -> Emulator:
-    try:
-        return Emulator(library_path())
-    except FileNotFoundError as e:
-        pytest.fail(str(e))
 
 
 # ----------------------------------------------------------------------------- helpers
 
 
-def buffer(shape: tuple[int, ...], dtype: np.dtype, offset: int = 0) -> np.ndarray:
-    """An uninitialized C-contiguous array starting `offset` elements past a 64-byte boundary."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + 128, np.uint8)
-    start = (-raw.ctypes.data) % 64 + offset * dtype.itemsize
-    return raw[start : start + nbytes].view(dtype).reshape(shape)
-
-
-def filled(values: np.ndarray, dtype: np.dtype, offset: int = 0) -> np.ndarray:
-    out = buffer(values.shape, dtype, offset)
-    out[...] = values.astype(dtype)
-    return out
-
-
-def broadcast_pair(param_shape: tuple[int, ...], normalized: tuple[int, ...]) -> tuple[int, int]:
-    """(inner, period) of launch.h for a parameter broadcast over the normalized dims."""
-    shape = (1,) * (len(normalized) - len(param_shape)) + tuple(param_shape)
-    used = [i for i, d in enumerate(shape) if d != 1]
-    if not used:
-        return 1, 1
-    lo, hi = used[0], used[-1] + 1
-    assert shape[lo:hi] == normalized[lo:hi], "not expressible as (inner, period)"
-    return math.prod(normalized[hi:]), math.prod(normalized[lo:hi])
-
-
 def rows_for(cols: int) -> int:
     """Few rows for big rows; more than one 4-row block in warp mode."""
     return 2 if cols >= 65536 else 3 if cols >= 4096 else 6
-
-
-def normalize(
-    emu: Emulator,
-    x: np.ndarray,
-    axis: int = -1,
-    scale: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    *,
-    y_offset: int = 0,
-    **kwargs,
-) -> tuple[np.ndarray, Config]:
-    """Runs the op's flattening: X of any rank -> [prod(shape[:axis]), prod(shape[axis:])]."""
-    axis %= x.ndim
-    normalized = x.shape[axis:]
-    rows, cols = math.prod(x.shape[:axis]), math.prod(normalized)
-    y = buffer(x.shape, x.dtype, y_offset)
-    y[...] = np.nan  # an element the kernel never writes stays NaN
-    pairs = {}
-    for name, p in (("scale", scale), ("bias", bias)):
-        if p is not None:
-            pairs[f"{name}_pair"] = broadcast_pair(p.shape, normalized)
-    config = emu.run(
-        x.reshape(rows, cols),
-        y.reshape(rows, cols),
-        scale,
-        bias,
-        **pairs,
-        **kwargs,
-    )
-    return y, config
 
 
 def assert_matches(
@@ -365,41 +154,29 @@ def test_misaligned_pointers_emulated(emu, rng, dtype, hidden, layout):
 VARIANT_NORMALIZED = ((1, 33), (4, 257), (3, 1365))
 
 
-def _variant(name: str) -> Callable:
-    def make(rng, normalized, dt):
-        s, b = params(rng, normalized)
-        first = (normalized[0], 1)  # per-H: element index = col // D
-        last = normalized[-1:]  # per-D: element index = col % D
-        f32 = np.dtype(np.float32)
-        return {
-            "plain": (None, None),
-            "scale": (filled(s, dt), None),
-            "bias": (None, filled(b, dt)),
-            "scale_bias": (filled(s, dt), filled(b, dt)),
-            "scale_bias_f32": (filled(s, f32), filled(b, f32)),
-            "scale_f32_bias_x": (filled(s, f32), filled(b, dt)),
-            "scale_per_d": (filled(s.reshape(-1)[: last[0]].reshape(last), dt), None),
-            "scale_per_h_bias_per_d_f32": (
-                filled(s.reshape(-1)[: first[0]].reshape(first), dt),
-                filled(b.reshape(-1)[: last[0]].reshape(last), f32),
-            ),
-            "scale_scalar": (filled(s.reshape(-1)[:1], dt), None),
-        }[name]
-
-    return make
+F32 = np.dtype(np.float32)
 
 
-VARIANTS = (
-    "plain",
-    "scale",
-    "bias",
-    "scale_bias",
-    "scale_bias_f32",
-    "scale_f32_bias_x",
-    "scale_per_d",
-    "scale_per_h_bias_per_d_f32",
-    "scale_scalar",
-)
+def _per_h(p: np.ndarray) -> np.ndarray:  # shape (H, 1): element index = col // D
+    return p.reshape(-1)[: p.shape[0]].reshape(p.shape[0], 1)
+
+
+def _per_d(p: np.ndarray) -> np.ndarray:  # shape (D,): element index = col % D
+    return p.reshape(-1)[: p.shape[-1]].reshape(p.shape[-1:])
+
+
+# variant -> (scale, bias) from values s, b over the normalized dims, in X's dtype dt
+VARIANTS: dict[str, Callable[[np.ndarray, np.ndarray, np.dtype], tuple]] = {
+    "plain": lambda s, b, dt: (None, None),
+    "scale": lambda s, b, dt: (filled(s, dt), None),
+    "bias": lambda s, b, dt: (None, filled(b, dt)),
+    "scale_bias": lambda s, b, dt: (filled(s, dt), filled(b, dt)),
+    "scale_bias_f32": lambda s, b, dt: (filled(s, F32), filled(b, F32)),
+    "scale_f32_bias_x": lambda s, b, dt: (filled(s, F32), filled(b, dt)),
+    "scale_per_d": lambda s, b, dt: (filled(_per_d(s), dt), None),
+    "scale_per_h_bias_per_d_f32": lambda s, b, dt: (filled(_per_h(s), dt), filled(_per_d(b), F32)),
+    "scale_scalar": lambda s, b, dt: (filled(s.reshape(-1)[:1], dt), None),
+}
 VARIANT_CASES = [(d, n, v) for d in DTYPES for n in VARIANT_NORMALIZED for v in VARIANTS]
 
 
@@ -411,7 +188,7 @@ VARIANT_CASES = [(d, n, v) for d in DTYPES for n in VARIANT_NORMALIZED for v in 
 def test_scale_bias_variants_emulated(emu, rng, dtype, normalized, variant):
     dt = DTYPES[dtype]
     x = filled(data(rng, (5, *normalized)), dt)
-    scale, bias = _variant(variant)(rng, normalized, dt)
+    scale, bias = VARIANTS[variant](*params(rng, normalized), dt)
     axis = -len(normalized)
     y, _ = normalize(emu, x, axis, scale, bias)
     assert_matches(y, x, axis, scale, bias)

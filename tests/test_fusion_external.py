@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rmsnorm_onnx.errors import InvalidModelError, UsageError
 from rmsnorm_onnx.fusion import fuse, fuse_file
+from rmsnorm_onnx.reference import tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +74,13 @@ def external_model(tmp_path: Path) -> tuple[Path, Path, Variant]:
     return src, data, v
 
 
+def _assert_same_outputs(fused: np.ndarray, unfused: np.ndarray) -> None:
+    # external_model is float16 with the Cast before the scale: the decomposed graph rounds twice,
+    # the op once, so the two may differ by twice float16's tolerance (as in test_torch_export)
+    rtol, atol = tolerance("float16")
+    np.testing.assert_allclose(fused, unfused, rtol=2 * rtol, atol=2 * atol)
+
+
 def _locations(path: Path) -> set[str]:
     fused = onnx.load(path, load_external_data=False)
     return {
@@ -100,7 +108,7 @@ def test_round_trip_elsewhere_copies_the_weights_and_leaves_the_input_alone(
     inputs = {"x": feeds(v)["x"]}  # both still load with onnx: no file has several links
     want = run(onnx.load(src), inputs)[0].astype(np.float64)
     got = run(onnx.load(out), inputs)[0].astype(np.float64)
-    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+    _assert_same_outputs(got, want)
 
 
 def test_link_weights_hard_links_and_says_what_that_costs(external_model, tmp_path):
@@ -114,7 +122,7 @@ def test_link_weights_hard_links_and_says_what_that_costs(external_model, tmp_pa
     inputs = {"x": feeds(v)["x"]}  # onnx.load refuses linked data files; onnxruntime reads them
     want = _run_path(src, inputs).astype(np.float64)
     got = _run_path(out, inputs).astype(np.float64)
-    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+    _assert_same_outputs(got, want)
 
 
 def _run_path(path: Path, inputs) -> np.ndarray:
@@ -143,7 +151,7 @@ def test_output_beside_the_input_shares_the_data_file(external_model):
     inputs = {"x": feeds(v)["x"]}  # both load with onnx (data inline after load)
     want = run(onnx.load(src), inputs)[0].astype(np.float64)
     got = run(onnx.load(src.parent / "fused.onnx"), inputs)[0].astype(np.float64)
-    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+    _assert_same_outputs(got, want)
 
 
 def test_in_place_rewrites_only_the_graph(external_model):

@@ -66,6 +66,17 @@ def _fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [n for n in model.graph.node if n.domain == op_schema.DOMAIN]
 
 
+def test_verify_leaves_the_callers_model_alone() -> None:
+    # verify hands both models to onnxruntime at the lowest valid IR version: on copies of the
+    # bytes, not by restamping the caller's proto (IR 10 here; opset 18 allows 8)
+    original = build(Variant())
+    original.ir_version = 10
+    before = original.SerializeToString()
+    _, report = fuse(original, verify=True)
+    assert report.verified
+    assert original.SerializeToString() == before
+
+
 @pytest.mark.parametrize("v", POSITIVE, ids=lambda v: v.id)
 def test_variant_fuses(v: Variant) -> None:
     original = build(v)

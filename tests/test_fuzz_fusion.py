@@ -295,7 +295,7 @@ def _session(model: onnx.ModelProto, *, optimize: bool):
     SimplifiedLayerNormalization fusion, would replace the decomposed arithmetic under test)."""
     import onnxruntime as ort
 
-    data = onnx_io.set_ir_version(model).SerializeToString()
+    data = onnx_io.serialize(model)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     if not optimize:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from cli_support import cli_command, cli_env, decomposed_rmsnorm_model
+from cli_support import decomposed_rmsnorm_model, run_cli
 from onnx import TensorProto, helper, numpy_helper
 from reliability_counts import record
 
@@ -266,12 +266,10 @@ class Outcome:
     stderr: str
 
 
-def _command(name: str, model: Path, out: Path) -> list[str]:
+def _cli_args(name: str, model: Path, out: Path) -> list[str | Path]:
     if name == "fuse":
-        return cli_command("fuse", str(model), str(out))
-    return cli_command(
-        "run", str(model), "--repeat", "1", "--warmup", "0", "--save-outputs", str(out)
-    )
+        return ["fuse", model, out]
+    return ["run", model, "--repeat", "1", "--warmup", "0", "--save-outputs", out]
 
 
 def _run_case(root: Path, case_name: str, command: str) -> Outcome:
@@ -290,15 +288,7 @@ def _run_case(root: Path, case_name: str, command: str) -> Outcome:
     before = _snapshot(case_dir)
     passwd = Path("/etc/passwd").stat().st_nlink
     try:
-        proc = subprocess.run(
-            _command(command, model, out_path),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            env=cli_env(),
-            cwd=out_dir,
-            check=False,
-        )
+        proc = run_cli(*_cli_args(command, model, out_path), timeout=TIMEOUT_S, cwd=out_dir)
         code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as e:  # e.g. it opened the FIFO
         code, stdout, stderr = None, str(e.stdout or ""), str(e.stderr or "")
@@ -371,14 +361,7 @@ def test_control_valid_model_succeeds(tmp_path: Path, command: str) -> None:
     (tmp_path / "in").mkdir()
     model = _valid_model(tmp_path / "in")
     out = tmp_path / ("fused.onnx" if command == "fuse" else "outputs.npz")
-    proc = subprocess.run(
-        _command(command, model, out),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=cli_env(),
-        check=False,
-    )
+    proc = run_cli(*_cli_args(command, model, out), timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     assert out.is_file()
 

@@ -9,7 +9,16 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from kernel_models import DTYPES, ORT_ERRORS, assert_matches, make_model, quantize, run
+from kernel_models import (
+    DTYPES,
+    ORT_ERRORS,
+    assert_matches,
+    check_variant,
+    make_model,
+    quantize,
+    run,
+    variant_cases,
+)
 from onnx import helper
 
 from rmsnorm_onnx import reference
@@ -50,55 +59,10 @@ SHAPES = [
     ((3, 17, 33), -1),
 ]
 
-# variant -> (with scale, with bias, parameter dtype: "x" = X's dtype, eps_outside, epsilon)
-VARIANTS = {
-    "plain": (False, False, "x", False, 1e-6),
-    "scale": (True, False, "x", False, 1e-6),
-    "scale_bias": (True, True, "x", False, 1e-6),
-    "bias_only": (False, True, "x", False, 1e-6),
-    "eps_outside": (True, False, "x", True, 1e-3),
-    "big_eps": (True, True, "x", False, 0.5),
-    "float32_params": (True, True, "float32", False, 1e-6),
-}
 
-
-def _cases():
-    for dtype in DTYPES:
-        for variant, spec in VARIANTS.items():
-            if spec[2] == "float32" and dtype == "float32":
-                continue  # same as scale_bias
-            for shape, axis in SHAPES:
-                sid = "x".join(map(str, shape))
-                yield pytest.param(
-                    dtype, variant, shape, axis, id=f"{dtype}-{variant}-{sid}-axis{axis}"
-                )
-
-
-def _check(rng, dtype, variant, shape, axis):
-    with_scale, with_bias, pdtype, eps_outside, epsilon = VARIANTS[variant]
-    pdtype = dtype if pdtype == "x" else pdtype
-    norm_shape = shape[axis % len(shape) :]
-    x = quantize(rng.standard_normal(shape) * 2.0 + 0.25, dtype)
-    scale = quantize(rng.uniform(0.5, 1.5, norm_shape), pdtype) if with_scale else None
-    bias = quantize(rng.standard_normal(norm_shape), pdtype) if with_bias else None
-    model = make_model(
-        dtype,
-        scale_dtype=pdtype if with_scale else None,
-        bias_dtype=pdtype if with_bias else None,
-        epsilon=epsilon,
-        axis=axis,
-        eps_outside=eps_outside,
-    )
-    y = run(model, x, scale, bias)
-    expected = reference.rms_norm(
-        x, scale, bias, epsilon=epsilon, axis=axis, eps_outside=eps_outside
-    )
-    assert_matches(y, expected, dtype)
-
-
-@pytest.mark.parametrize(("dtype", "variant", "shape", "axis"), list(_cases()))
+@pytest.mark.parametrize(("dtype", "variant", "shape", "axis"), variant_cases(SHAPES))
 def test_matches_reference(rng, cpu_kernel, dtype, variant, shape, axis):
-    _check(rng, dtype, variant, shape, axis)
+    check_variant(rng, dtype, variant, shape, axis)
 
 
 # Scale/bias shapes over normalized dims (3, 4, 5) (X (2, 3, 4, 5), axis 1): suffixes, inner

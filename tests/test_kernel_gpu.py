@@ -13,7 +13,16 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from kernel_models import DTYPES, ORT_ERRORS, assert_matches, make_model, quantize, run
+from kernel_models import (
+    DTYPES,
+    ORT_ERRORS,
+    assert_matches,
+    check_variant,
+    make_model,
+    quantize,
+    run,
+    variant_cases,
+)
 
 from rmsnorm_onnx import reference
 from rmsnorm_onnx.runtime import session
@@ -32,49 +41,12 @@ SHAPES = [
     ((64, 4096), -1),
     ((3, 17, 33), -1),
 ]
-VARIANTS = {
-    "plain": (False, False, "x", False, 1e-6),
-    "scale": (True, False, "x", False, 1e-6),
-    "scale_bias": (True, True, "x", False, 1e-6),
-    "bias_only": (False, True, "x", False, 1e-6),
-    "eps_outside": (True, False, "x", True, 1e-3),
-    "float32_params": (True, True, "float32", False, 1e-6),
-}
 
 
-def _cases():
-    for dtype in DTYPES:
-        for variant, spec in VARIANTS.items():
-            if spec[2] == "float32" and dtype == "float32":
-                continue
-            for shape, axis in SHAPES:
-                sid = "x".join(map(str, shape))
-                yield pytest.param(
-                    dtype, variant, shape, axis, id=f"{dtype}-{variant}-{sid}-axis{axis}"
-                )
-
-
-@pytest.mark.parametrize(("dtype", "variant", "shape", "axis"), list(_cases()))
+# every kernel_models.VARIANTS case, as on the CPU
+@pytest.mark.parametrize(("dtype", "variant", "shape", "axis"), variant_cases(SHAPES))
 def test_matches_reference_on_cuda(rng, dtype, variant, shape, axis):
-    with_scale, with_bias, pdtype, eps_outside, epsilon = VARIANTS[variant]
-    pdtype = dtype if pdtype == "x" else pdtype
-    norm_shape = shape[axis % len(shape) :]
-    x = quantize(rng.standard_normal(shape) * 2.0 + 0.25, dtype)
-    scale = quantize(rng.uniform(0.5, 1.5, norm_shape), pdtype) if with_scale else None
-    bias = quantize(rng.standard_normal(norm_shape), pdtype) if with_bias else None
-    model = make_model(
-        dtype,
-        scale_dtype=pdtype if with_scale else None,
-        bias_dtype=pdtype if with_bias else None,
-        epsilon=epsilon,
-        axis=axis,
-        eps_outside=eps_outside,
-    )
-    y = run(model, x, scale, bias, providers=("cuda",))
-    expected = reference.rms_norm(
-        x, scale, bias, epsilon=epsilon, axis=axis, eps_outside=eps_outside
-    )
-    assert_matches(y, expected, dtype)
+    check_variant(rng, dtype, variant, shape, axis, providers=("cuda",))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -102,6 +74,7 @@ def test_cuda_and_cpu_agree(rng):
     model = make_model("float16", scale_dtype="float16")
     on_gpu = run(model, x, scale, providers=("cuda",))
     on_cpu = run(model, x, scale)
+    # each is within float16's tolerance of the reference, so of each other within twice it
     np.testing.assert_allclose(on_gpu, on_cpu, rtol=2e-3, atol=2e-3)
 
 

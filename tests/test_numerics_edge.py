@@ -229,24 +229,14 @@ def test_cpu_kernel(case: str, dtype: str, kernel: str, monkeypatch: pytest.Monk
 # ----------------------------------------------------------------------------- CUDA, emulated
 
 
-@pytest.fixture(scope="module")
-def emu():
-    import test_cuda_emulated as cuda_emulated
-
-    try:
-        return cuda_emulated.Emulator(cuda_emulated.library_path())
-    except FileNotFoundError as e:
-        pytest.fail(str(e))
-
-
 @pytest.mark.parametrize(("case", "dtype"), KERNEL_CASES, ids=_ids(KERNEL_CASES))
 def test_cuda_kernel_emulated(emu, case: str, dtype: str) -> None:
-    import test_cuda_emulated as cuda_emulated
+    import cuda_emulator
 
     c = CASES[case]
     x = np.ascontiguousarray(quantize(c.x(), dtype))
     scale = _scale(x.shape[-1])
-    y, _ = cuda_emulated.normalize(emu, x, -1, scale, epsilon=c.epsilon, eps_outside=c.eps_outside)
+    y, _ = cuda_emulator.normalize(emu, x, -1, scale, epsilon=c.epsilon, eps_outside=c.eps_outside)
     assert_like_reference(y, expected(x, c, scale), dtype, c)
 
 

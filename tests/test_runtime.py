@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import native_build
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -158,22 +159,12 @@ def _build_info() -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in match.group(1).decode().split())
 
 
-def _nvcc_found() -> bool:
-    return bool(
-        shutil.which("nvcc")
-        or os.environ.get("CUDACXX")
-        or Path("/usr/local/cuda/bin/nvcc").exists()
-    )
-
-
 def test_library_loads_here_with_the_cuda_kernel_compiled_in():
     # The CUDA runtime is linked statically: a CUDA build must load and run on the CPU EP on a
     # machine without a GPU or driver. Where nvcc exists, the build must have compiled CUDA in.
     info = _build_info()
-    if os.environ.get("RMSNORM_ONNX_CUDA", "").upper() == "OFF":
-        pytest.skip("library built with RMSNORM_ONNX_CUDA=OFF")
-    if not _nvcc_found():
-        pytest.skip("no nvcc: the library is built CPU-only")
+    if reason := native_build.no_cuda_reason():
+        pytest.skip(reason)
     assert info["cuda"] == "1", f"nvcc exists but the library was built without CUDA: {info}"
     assert np.isfinite(_y(session(make_model("float32")))).all()
 

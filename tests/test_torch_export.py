@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import warnings
 from collections import Counter
 
@@ -19,10 +18,11 @@ import pytest
 import torch
 from onnx import numpy_helper
 from torch import nn
+from torch_reference import layer_reference
 
 from rmsnorm_onnx import RMSNorm, export, op_schema, runtime
-from rmsnorm_onnx.errors import RMSNormOnnxError, UsageError
-from rmsnorm_onnx.reference import rms_norm, tolerance
+from rmsnorm_onnx.errors import UsageError
+from rmsnorm_onnx.reference import tolerance
 from rmsnorm_onnx.torch_export import op_histogram
 
 FUSED = f"{op_schema.DOMAIN}::{op_schema.OP_TYPE}"
@@ -194,22 +194,6 @@ def dtype_name_np(name: str) -> str:
     return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[name]
 
 
-def _reference(layer: RMSNorm, x: torch.Tensor) -> np.ndarray:
-    def f64(t: torch.Tensor | None) -> np.ndarray | None:
-        return None if t is None else t.detach().double().numpy()
-
-    scale = None if layer.weight is None else f64(layer.weight) + layer.weight_offset
-    return rms_norm(
-        f64(x),
-        scale,
-        f64(layer.bias),
-        epsilon=layer.epsilon(x.dtype),
-        axis=-len(layer.normalized_shape),
-        eps_outside=layer.eps_outside,
-        groups=layer.groups,
-    )
-
-
 def _ort_inputs(model: onnx.ModelProto, xs: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
     return {
         i.name: (t.float() if t.dtype == torch.bfloat16 else t).numpy()
@@ -242,23 +226,15 @@ def float32_io(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def fused_library_or_skip() -> None:
-    """Fused models need our custom-op library; CI builds it, so there its absence fails."""
-    try:
-        runtime.library_path()
-    except RMSNormOnnxError as e:
-        if os.environ.get("CI") or os.environ.get("RMSNORM_ONNX_REQUIRE_LIBRARY"):
-            pytest.fail(f"custom-op library required here: {e}")
-        pytest.skip(f"custom-op library not built: {e}")
-
-
 @pytest.mark.parametrize("sizes", [(3, 5), (1, 1), (4, 17)], ids=["b3s5", "b1s1", "b4s17"])
-def test_runs_in_onnxruntime_at_other_sizes(exported, sizes: tuple[int, int]) -> None:
+def test_runs_in_onnxruntime_at_other_sizes(
+    request: pytest.FixtureRequest, exported, sizes: tuple[int, int]
+) -> None:
     dtype_name, mode, zoo, model = exported
     if dtype_name == "bf16":  # numpy cannot hand bfloat16 to onnxruntime: float32 at the edges
         model = float32_io(model)
     if mode == "fused":
-        fused_library_or_skip()
+        request.getfixturevalue("fused_library")
         sess = runtime.session(model)
     else:
         import onnxruntime as ort
@@ -273,7 +249,7 @@ def test_runs_in_onnxruntime_at_other_sizes(exported, sizes: tuple[int, int]) ->
         twice = 2 if variant in ("llama", "groups") or mode == "standard" else 1
         np.testing.assert_allclose(
             got.astype(np.float64),
-            _reference(zoo.norms[variant], x),
+            layer_reference(zoo.norms[variant], x),
             twice * rtol,
             twice * atol,
             err_msg=variant,

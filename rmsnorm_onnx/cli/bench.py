@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from . import console
+from . import argtypes, console
 
 IMPLS = (  # kept in step with rmsnorm_onnx.bench.IMPLS, which --help must not import
     "rmsnorm_onnx",
@@ -77,7 +77,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--repeat",
-        type=_positive_int,
+        type=argtypes.positive_int,
         default=20,
         metavar="N",
         help="most timed runs per measurement (default: %(default)s)",
@@ -91,7 +91,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--threads",
-        type=_positive_int,
+        type=argtypes.positive_int,
         default=None,
         metavar="N",
         help="onnxruntime intra-op threads (default: onnxruntime's choice)",
@@ -105,13 +105,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=run)
     return p
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

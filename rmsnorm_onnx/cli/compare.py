@@ -23,10 +23,11 @@ class Difference:
         both_nan = np.isnan(x) & np.isnan(y)
         self.nan_mismatch = int((np.isnan(x) ^ np.isnan(y)).sum())
         with np.errstate(invalid="ignore", divide="ignore"):
-            # equal values (infinities included) and NaN against NaN count as no error
+            # equal values (infinities included) and NaN against NaN count as no error; any other
+            # error against an infinity is infinite, and rtol * |inf| must not excuse it
             err = np.where((x == y) | both_nan, 0.0, np.abs(x - y))
             rel = np.where(err == 0, 0.0, err / np.abs(y))
-            within = (err == 0) | (err <= atol + rtol * np.abs(y))
+            within = (err == 0) | (np.isfinite(err) & (err <= atol + rtol * np.abs(y)))
         finite = ~(np.isnan(x) | np.isnan(y))
         self.max_abs = float(err[finite].max()) if finite.any() else 0.0
         self.max_rel = float(rel[finite].max()) if finite.any() else 0.0

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RMSNormOnnxError, UsageError
-from . import console
+from . import argtypes, console
 
 SAMPLE = "rmsnorm-layer"
 DEFAULT_OUT = "rmsnorm_onnx_demo"
@@ -55,20 +55,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--repeat",
-        type=_positive_int,
+        type=argtypes.positive_int,
         default=200,
         metavar="N",
         help="timed runs of each model, round-robin; medians shown (default: %(default)s)",
     )
     p.set_defaults(func=run)
     return p
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

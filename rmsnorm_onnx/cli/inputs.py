@@ -112,6 +112,8 @@ def integer_highs(model: onnx.ModelProto) -> dict[str, int]:
         if table is None or not table[0]:
             continue
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if not -len(table[0]) <= axis < len(table[0]):
+            continue  # an invalid Gather: onnxruntime reports it when it loads the model
         size = table[0][axis]
         index = node.input[1]
         highs[index] = min(highs.get(index, size), size)

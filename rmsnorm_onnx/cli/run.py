@@ -7,7 +7,7 @@ import hashlib
 from typing import Any
 
 from ..errors import RMSNormOnnxError, UsageError
-from . import console
+from . import argtypes, console
 
 EPILOG = """\
 examples:
@@ -68,28 +68,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--default-dim",
-        type=_positive_int,
+        type=argtypes.positive_int,
         default=None,
         metavar="N",
         help="value of symbolic dims not given with --dim (default: 4)",
     )
     p.add_argument(
         "--repeat",
-        type=_positive_int,
+        type=argtypes.positive_int,
         default=10,
         metavar="N",
         help="timed runs; the median is reported (default: %(default)s)",
     )
     p.add_argument(
         "--warmup",
-        type=_non_negative_int,
+        type=argtypes.non_negative_int,
         default=2,
         metavar="N",
         help="untimed runs first (default: %(default)s)",
     )
     p.add_argument(
         "--threads",
-        type=_non_negative_int,
+        type=argtypes.non_negative_int,
         default=0,
         metavar="N",
         help="onnxruntime intra-op threads (default: 0 = onnxruntime's choice)",
@@ -101,42 +101,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--atol",
-        type=_non_negative_float,
+        type=argtypes.non_negative_float,
         default=None,
         help="with --compare: fail (exit 1) where |a - b| > atol + rtol·|b|",
     )
     p.add_argument(
-        "--rtol", type=_non_negative_float, default=None, help="with --compare: see --atol"
+        "--rtol", type=argtypes.non_negative_float, default=None, help="with --compare: see --atol"
     )
     p.add_argument(
         "--save-outputs", metavar="FILE.npz", help="write the outputs to an .npz archive"
     )
     p.set_defaults(func=run)
     return p
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: must be >= 0")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not a number") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be >= 0")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

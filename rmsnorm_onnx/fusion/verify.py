@@ -35,7 +35,7 @@ def _session(model: onnx.ModelProto, base_dir: Path | None) -> Any:
     options.log_severity_level = 3
     if base_dir is not None:
         options.add_session_config_entry(_EXTERNAL_FOLDER, str(base_dir.resolve()))
-    data = onnx_io.set_ir_version(model).SerializeToString()
+    data = onnx_io.serialize(model)  # the caller's model (fuse's input) is left as it was
     if any(o.domain == op_schema.DOMAIN for o in model.opset_import):
         from ..runtime import session
 
