@@ -383,3 +383,20 @@ def test_cast_in_shared_with_a_residual_is_still_absorbed() -> None:
     got, residual = run(fused, inputs)
     np.testing.assert_allclose(got.astype(np.float64), expected(v, inputs), rtol=rtol, atol=atol)
     np.testing.assert_array_equal(residual, -inputs["x"].astype(np.float32))
+
+
+def test_rules_whose_pattern_is_hidden_are_tried_at_every_node(monkeypatch):
+    """The driver indexes rules by their pattern's root op through a private attribute of
+    onnxscript's rules; where a release hides it, every rule is tried and fusion still happens."""
+    from rmsnorm_onnx.fusion import driver
+
+    no_pattern = object()
+    assert dict(driver._by_root_op([no_pattern])) == {None: [no_pattern]}
+    monkeypatch.setattr(driver, "_by_root_op", lambda rules: {None: list(rules)})
+    v = Variant()
+    fused, report = fuse(build(v))
+    assert report.fused_count == 1
+    # rules tried at every node may leave an Identity where a non-root rule renamed an output
+    assert [t for t in op_types(fused) if t != "Identity"] == ["RMSNorm"]
+    inputs = feeds(v)
+    np.testing.assert_allclose(run(fused, inputs)[0], expected(v, inputs), rtol=1e-5, atol=1e-5)

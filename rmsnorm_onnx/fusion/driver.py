@@ -15,10 +15,16 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 
-def _by_root_op(rules: Iterable[pattern.RewriteRule]) -> dict[str, list[pattern.RewriteRule]]:
-    table: dict[str, list[pattern.RewriteRule]] = defaultdict(list)
+def _by_root_op(
+    rules: Iterable[pattern.RewriteRule],
+) -> dict[str | None, list[pattern.RewriteRule]]:
+    """Rules by the op type their pattern ends in; under None those whose root is unknown."""
+    table: dict[str | None, list[pattern.RewriteRule]] = defaultdict(list)
     for rule in rules:
-        table[rule._target_pattern.output_node.op_type].append(rule)
+        # onnxscript keeps the pattern private; where it changes, a rule is tried at every node
+        target = getattr(rule, "_target_pattern", None)
+        root = getattr(getattr(target, "output_node", None), "op_type", None)
+        table[root if isinstance(root, str) else None].append(rule)
     return table
 
 
@@ -30,7 +36,7 @@ def apply(model: ir.Model, rules: Iterable[pattern.RewriteRule], nodes: Iterable
         container = node.graph
         if container is None:  # removed by an earlier rewrite
             continue
-        for rule in table.get(node.op_type, ()):
+        for rule in [*table.get(node.op_type, ()), *table.get(None, ())]:
             delta = rule.try_rewrite(model, container, node)
             if delta is None:
                 continue
