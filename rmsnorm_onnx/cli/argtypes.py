@@ -30,3 +30,14 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text}: must be >= 0")
     return value
+
+
+def port(text: str) -> int:
+    """A TCP port, 0..65535 (0: the system picks a free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value}: a port is 0..65535")
+    return value

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidModelError, RMSNormOnnxError
-from . import console
+from . import argtypes, console
 
 EPILOG = """\
 examples:
@@ -38,22 +38,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
     )
-    p.add_argument("--port", type=_port, default=0, help="port to listen on (default: a free port)")
+    p.add_argument(
+        "--port", type=argtypes.port, default=0, help="port to listen on (default: a free port)"
+    )
     p.add_argument(
         "--no-browser", action="store_true", help="only print the URL; do not open a browser"
     )
     p.set_defaults(func=run)
     return p
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value}: a port is 0..65535")
-    return value
 
 
 def serve(model: str | Path, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
