@@ -96,6 +96,30 @@ def test_export_user_factory_as_standard_op(tmp_path: Path) -> None:
     assert {o.domain: o.version for o in model.opset_import}[""] == 23
 
 
+def test_seed_makes_a_factorys_random_initialization_reproducible(tmp_path: Path) -> None:
+    (tmp_path / "unseeded.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from rmsnorm_onnx import RMSNorm
+
+            def make():  # random weights, no seed of its own
+                model = torch.nn.Sequential(RMSNorm(8), torch.nn.Linear(8, 8))
+                return model, (torch.ones(1, 2, 8),)
+            """
+        )
+    )
+
+    def weights(seed: int, name: str) -> list[bytes]:
+        args = ["export", "--model", "unseeded:make", "--rmsnorm", "fused", "-o", name]
+        result = run_cli(*args, "--seed", str(seed), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        return sorted(t.raw_data for t in onnx.load(tmp_path / name).graph.initializer)
+
+    assert weights(3, "a.onnx") == weights(3, "b.onnx")
+    assert weights(3, "a.onnx") != weights(4, "c.onnx")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

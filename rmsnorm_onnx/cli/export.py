@@ -99,7 +99,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="PATH",
         help="where to write the model (default: ./<model>.<rmsnorm>.onnx)",
     )
-    p.add_argument("--seed", type=int, default=0, help="weights of built-in models (default: 0)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds torch before the model is built: the built-in models' weights, or the "
+        "random initialization of yours (default: 0)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -185,8 +191,9 @@ def _resolve(name: str, seed: int) -> tuple[Any, tuple[Any, ...], list[str] | No
 
         model, example = samples.SAMPLES[name](seed=seed)  # type: ignore[call-arg]
         return model, tuple(example), list(samples.OUTPUT_NAMES[name])
-    model, example = _call_factory(name)
     torch = _import_torch()
+    torch.manual_seed(seed)  # a factory's random initialization is reproducible too
+    model, example = _call_factory(name)
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"--model {name}: returned a {type(model).__name__}, not a torch module")
     example = (example,) if isinstance(example, torch.Tensor) else tuple(example)
