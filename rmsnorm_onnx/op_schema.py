@@ -1,6 +1,12 @@
-"""Our ONNX contract in code: domain ``rmsnorm_onnx``, op ``RMSNorm``, version 1 (DESIGN §2).
+"""Our ONNX contract in code: domain ``rmsnorm_onnx``, ops ``RMSNorm`` and ``SkipRMSNorm``,
+version 1 (DESIGN §2).
 
-Registering the schema with onnx lets ``onnx.checker`` and shape inference understand the op,
+``SkipRMSNorm(X, skip, scale?, bias?) -> (Y, S?)`` is the residual form: ``S = X + skip`` rounded
+to X's type (exactly as the unfused Add), ``Y = RMSNorm(S)``. ``skip`` has X's shape, or drops
+or sets to 1 leading dims of it (``[S, H]`` or ``[1, S, H]`` with X ``[B, S, H]``, as ORT's
+``SkipSimplifiedLayerNormalization`` accepts).
+
+Registering the schemas with onnx lets ``onnx.checker`` and shape inference understand the ops,
 so a fused model checks and infers like a model of standard ops.
 """
 
@@ -13,16 +19,26 @@ from onnx import defs, helper
 
 DOMAIN = "rmsnorm_onnx"
 OP_TYPE = "RMSNorm"
+SKIP_OP_TYPE = "SkipRMSNorm"
+OP_TYPES = (OP_TYPE, SKIP_OP_TYPE)
 VERSION = 1
 DEFAULT_EPSILON = 1e-6
 DEFAULT_AXIS = -1
+ATTRIBUTES = ("epsilon", "axis", "eps_outside")  # the only attributes either op takes
 
 _FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 
 
 def opset_import() -> onnx.OperatorSetIdProto:
-    """The opset import a model using our op must carry."""
+    """The opset import a model using our ops must carry."""
     return helper.make_opsetid(DOMAIN, VERSION)
+
+
+def _attrs(epsilon: float, axis: int, eps_outside: bool) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"epsilon": float(epsilon), "axis": int(axis)}
+    if eps_outside:
+        attrs["eps_outside"] = 1
+    return attrs
 
 
 def make_node(
@@ -35,53 +51,101 @@ def make_node(
     name: str | None = None,
 ) -> onnx.NodeProto:
     """One ``rmsnorm_onnx::RMSNorm`` node on X, optional scale, optional bias ('' = absent)."""
-    attrs: dict[str, Any] = {"epsilon": float(epsilon), "axis": int(axis)}
-    if eps_outside:
-        attrs["eps_outside"] = 1
+    attrs = _attrs(epsilon, axis, eps_outside)
     return helper.make_node(OP_TYPE, inputs, outputs, name=name, domain=DOMAIN, **attrs)
+
+
+def make_skip_node(
+    inputs: list[str],
+    outputs: list[str],
+    *,
+    epsilon: float = DEFAULT_EPSILON,
+    axis: int = DEFAULT_AXIS,
+    eps_outside: bool = False,
+    name: str | None = None,
+) -> onnx.NodeProto:
+    """One ``rmsnorm_onnx::SkipRMSNorm`` node on X, skip, optional scale and bias ('' = absent);
+    outputs Y and, optionally, the sum S."""
+    attrs = _attrs(epsilon, axis, eps_outside)
+    return helper.make_node(SKIP_OP_TYPE, inputs, outputs, name=name, domain=DOMAIN, **attrs)
+
+
+def _attributes() -> list[defs.OpSchema.Attribute]:
+    attr = defs.OpSchema.Attribute
+    return [
+        attr("epsilon", helper.make_attribute("epsilon", DEFAULT_EPSILON), "added to mean(X^2)"),
+        attr("axis", helper.make_attribute("axis", DEFAULT_AXIS), "first normalized axis"),
+        attr(
+            "eps_outside", helper.make_attribute("eps_outside", 0), "1: epsilon added to the root"
+        ),
+    ]
+
+
+def _params() -> list[defs.OpSchema.FormalParameter]:
+    param = defs.OpSchema.FormalParameter
+    optional = defs.OpSchema.FormalParameterOption.Optional
+    return [
+        param("scale", "U", "broadcastable to X.shape[axis:]", param_option=optional),
+        param("bias", "U", "broadcastable to X.shape[axis:]", param_option=optional),
+    ]
+
+
+_TYPES = [
+    ("T", _FLOATS, "input and output type"),
+    ("U", _FLOATS, "scale and bias: X's type, or float32 with a half X"),
+]
 
 
 def _schema() -> defs.OpSchema:
     param = defs.OpSchema.FormalParameter
-    optional = defs.OpSchema.FormalParameterOption.Optional
-    attr = defs.OpSchema.Attribute
     schema = defs.OpSchema(
         OP_TYPE,
         DOMAIN,
         VERSION,
         "RMSNorm over axes [axis, rank): Y = X / sqrt(mean(X^2) + epsilon) * scale + bias "
         "(eps_outside=1: X / (sqrt(mean(X^2)) + epsilon)). Half inputs accumulate in float32.",
+        inputs=[param("X", "T", "input, rank >= 1"), *_params()],
+        outputs=[param("Y", "T", "X's type and shape")],
+        type_constraints=_TYPES,
+        attributes=_attributes(),
+    )
+    schema.set_type_and_shape_inference_function(_infer)
+    return schema
+
+
+def _skip_schema() -> defs.OpSchema:
+    param = defs.OpSchema.FormalParameter
+    optional = defs.OpSchema.FormalParameterOption.Optional
+    schema = defs.OpSchema(
+        SKIP_OP_TYPE,
+        DOMAIN,
+        VERSION,
+        "Residual add and RMSNorm: S = X + skip (rounded to X's type), Y = RMSNorm(S) with the "
+        "attributes, scale and bias of RMSNorm. skip has X's shape, or X's shape with leading "
+        "dims dropped or 1 (it broadcasts over them).",
         inputs=[
             param("X", "T", "input, rank >= 1"),
-            param("scale", "U", "broadcastable to X.shape[axis:]", param_option=optional),
-            param("bias", "U", "broadcastable to X.shape[axis:]", param_option=optional),
+            param("skip", "T", "the residual: X's shape, or broadcast over X's leading dims"),
+            *_params(),
         ],
-        outputs=[param("Y", "T", "X's type and shape")],
-        type_constraints=[
-            ("T", _FLOATS, "input and output type"),
-            ("U", _FLOATS, "scale and bias: X's type, or float32 with a half X"),
+        outputs=[
+            param("Y", "T", "X's type and shape"),
+            param("S", "T", "X + skip, X's type and shape", param_option=optional),
         ],
-        attributes=[
-            attr(
-                "epsilon", helper.make_attribute("epsilon", DEFAULT_EPSILON), "added to mean(X^2)"
-            ),
-            attr("axis", helper.make_attribute("axis", DEFAULT_AXIS), "first normalized axis"),
-            attr(
-                "eps_outside",
-                helper.make_attribute("eps_outside", 0),
-                "1: epsilon added to the root",
-            ),
-        ],
+        type_constraints=_TYPES,
+        attributes=_attributes(),
     )
     schema.set_type_and_shape_inference_function(_infer)
     return schema
 
 
 def _infer(ctx: Any) -> None:
-    ctx.set_output_type(0, ctx.get_input_type(0))  # Y has X's type and shape
+    for i in range(ctx.get_num_outputs()):  # Y (and S) have X's type and shape
+        ctx.set_output_type(i, ctx.get_input_type(0))
 
 
 def register() -> None:
-    """Register the schema with onnx (idempotent)."""
-    if not defs.has(OP_TYPE, VERSION, DOMAIN):
-        defs.register_schema(_schema())
+    """Register the schemas with onnx (idempotent)."""
+    for op_type, make in ((OP_TYPE, _schema), (SKIP_OP_TYPE, _skip_schema)):
+        if not defs.has(op_type, VERSION, DOMAIN):
+            defs.register_schema(make())

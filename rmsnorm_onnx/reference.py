@@ -4,6 +4,9 @@
     inside  (default): Y = X / sqrt(ms + eps) * scale + bias
     outside:           Y = X / (sqrt(ms) + eps) * scale + bias
 
+The residual form (``SkipRMSNorm``): S = X + skip, rounded to X's type exactly as an unfused Add
+of that type does, and Y = RMSNorm(S); ``skip`` may drop or set to 1 leading dims of X's shape.
+
 Group RMSNorm splits the last axis into ``groups`` equal slices, normalizes each slice on its own
 and then applies one scale over the whole axis. This module imports nothing else of ours.
 """
@@ -18,7 +21,15 @@ try:  # bfloat16 as a NumPy dtype; ml_dtypes comes with onnx.
 except ImportError:  # pragma: no cover - ml_dtypes is a dependency of onnx
     bfloat16 = None
 
-__all__ = ["TOLERANCES", "bfloat16", "normalized_axes", "rms_norm", "tolerance"]
+__all__ = [
+    "TOLERANCES",
+    "bfloat16",
+    "normalized_axes",
+    "rms_norm",
+    "skip_fits",
+    "skip_rms_norm",
+    "tolerance",
+]
 
 # (rtol, atol) by the dtype of the tensor under test. fp32 is float32 accumulation against a
 # float64 truth; fp16 and bf16 are dominated by rounding the output to 11 and 8 significant bits
@@ -104,3 +115,48 @@ def _normalize(
         if eps_outside:
             return x / (np.sqrt(ms) + epsilon)
         return x / np.sqrt(ms + epsilon)
+
+
+def skip_fits(x_shape: tuple[int, ...], skip_shape: tuple[int, ...], axis: int = -1) -> bool:
+    """True when ``skip`` is X's shape, or X's shape with leading dims dropped or set to 1, and
+    it covers the normalized dims ``[axis, rank)`` in full (the residual differs per row, never
+    within one)."""
+    rank = len(x_shape)
+    if len(skip_shape) > rank:
+        return False
+    pad = rank - len(skip_shape)
+    matched = [d == x_shape[pad + i] for i, d in enumerate(skip_shape)]
+    # from the first dim that matches X's on, every dim must match; before it, only 1s
+    first = matched.index(True) if True in matched else len(skip_shape)
+    if not all(matched[first:]) or any(d != 1 for d in skip_shape[:first]):
+        return False
+    # the dims skip broadcasts over must lie before the normalized ones (or be 1 in X too)
+    start = normalized_axes(rank, axis)[0]
+    return all(d == 1 for d in x_shape[start : pad + first])
+
+
+def skip_rms_norm(
+    x: npt.ArrayLike,
+    skip: npt.ArrayLike,
+    scale: npt.ArrayLike | None = None,
+    bias: npt.ArrayLike | None = None,
+    *,
+    epsilon: float = 1e-6,
+    axis: int = -1,
+    eps_outside: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(Y, S) of SkipRMSNorm: S = X + skip in X's dtype, Y = RMSNorm(S) in float64.
+
+    The sum is formed in float64 and rounded once to X's dtype: for float32, float16 and
+    bfloat16 that is the correctly rounded sum, what an Add of that type computes.
+    """
+    x_arr, skip_arr = np.asarray(x), np.asarray(skip)
+    if not skip_fits(x_arr.shape, skip_arr.shape, axis):
+        raise ValueError(
+            f"skip of shape {skip_arr.shape} does not broadcast to X's shape {x_arr.shape} "
+            f"over leading dims only, covering the normalized dims (axis {axis})"
+        )
+    total = x_arr.astype(np.float64) + skip_arr.astype(np.float64)
+    s = total.astype(x_arr.dtype) if x_arr.dtype != np.float64 else total
+    y = rms_norm(s, scale, bias, epsilon=epsilon, axis=axis, eps_outside=eps_outside)
+    return y, s

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rmsnorm_onnx.reference import bfloat16, normalized_axes, rms_norm, tolerance
+from rmsnorm_onnx.reference import (
+    bfloat16,
+    normalized_axes,
+    rms_norm,
+    skip_fits,
+    skip_rms_norm,
+    tolerance,
+)
 
 
 def test_seed_example_with_scale():
@@ -101,3 +108,68 @@ def test_tolerance_table_orders_dtypes_by_precision():
     assert tolerance(np.float32) < tolerance(np.float16) < tolerance(bfloat16)
     with pytest.raises(ValueError, match="no tolerance"):
         tolerance(np.int32)
+
+
+# --- SkipRMSNorm: S = X + skip rounded to X's dtype, Y = RMSNorm(S) ---
+
+
+def test_skip_seed_example_is_the_norm_of_the_sum():
+    x = np.array([1.0, 3.0, 5.0, 7.0], dtype=np.float32)
+    skip = np.ones(4, dtype=np.float32)  # x + skip = the seed's [2, 4, 6, 8]
+    y, s = skip_rms_norm(x, skip, [1.2, 0.8, 1.0, 1.5], epsilon=0.0)
+    np.testing.assert_array_equal(s, [2.0, 4.0, 6.0, 8.0])
+    assert s.dtype == np.float32
+    np.testing.assert_allclose(y[-1], 1.5 * 8 / np.sqrt(30), rtol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16, np.float32])
+def test_skip_sum_is_rounded_to_the_input_dtype_before_the_norm(rng, dtype):
+    x = (rng.standard_normal((4, 64)) * 100).astype(dtype)
+    skip = (rng.standard_normal((4, 64)) / 3).astype(dtype)
+    y, s = skip_rms_norm(x, skip, epsilon=1e-6)
+    assert s.dtype == np.dtype(dtype)
+    # the sum is what an Add of that dtype computes (float32 arithmetic rounds it correctly)
+    expected_s = (x.astype(np.float32) + skip.astype(np.float32)).astype(dtype)
+    np.testing.assert_array_equal(s, expected_s)
+    # and the norm reads that rounded sum, not the exact one
+    np.testing.assert_array_equal(y, rms_norm(s, epsilon=1e-6))
+
+
+def test_skip_fp16_sum_that_overflows_is_inf():
+    x = np.float16([60000.0, 1.0])
+    _, s = skip_rms_norm(x, np.float16([60000.0, 1.0]))
+    assert np.isinf(s[0]) and s[1] == 2.0
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "skip_shape", "axis", "fits"),
+    [
+        ((2, 3, 4), (2, 3, 4), -1, True),
+        ((2, 3, 4), (3, 4), -1, True),  # ORT's [S, H]
+        ((2, 3, 4), (1, 3, 4), -1, True),  # ORT's [1, S, H]
+        ((2, 3, 4), (1, 1, 4), -1, True),
+        ((2, 3, 4), (4,), -1, True),
+        ((2, 3, 4), (2, 1, 4), -1, False),  # broadcast in the middle
+        ((2, 3, 4), (3, 1), -1, False),
+        ((2, 3, 4), (2, 3, 4, 1), -1, False),  # more dims than X
+        ((2, 3, 4), (4,), -2, False),  # would broadcast inside the normalized dims
+        ((2, 3, 4), (3, 4), -2, True),
+        ((2, 1, 4), (4,), -2, True),  # the broadcast dim is 1 in X too
+    ],
+)
+def test_skip_fits_leading_broadcasts_only(x_shape, skip_shape, axis, fits):
+    assert skip_fits(x_shape, skip_shape, axis) is fits
+
+
+def test_skip_broadcast_over_leading_dims_matches_explicit_broadcast(rng):
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    skip = rng.standard_normal((3, 8)).astype(np.float32)
+    y, s = skip_rms_norm(x, skip)
+    y_full, s_full = skip_rms_norm(x, np.broadcast_to(skip, x.shape))
+    np.testing.assert_array_equal(s, s_full)
+    np.testing.assert_array_equal(y, y_full)
+
+
+def test_skip_that_does_not_fit_is_a_clear_error():
+    with pytest.raises(ValueError, match="leading dims only"):
+        skip_rms_norm(np.ones((2, 3, 4)), np.ones((2, 1, 4)))

@@ -1,0 +1,73 @@
+"""Our ONNX contract as onnx sees it: both ops check, infer shapes, refuse what they don't take."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from rmsnorm_onnx import op_schema
+
+op_schema.register()
+
+
+def _model(node: onnx.NodeProto, outputs: list[str], typed: bool = False) -> onnx.ModelProto:
+    x_type = TensorProto.FLOAT16
+    inputs = [
+        helper.make_tensor_value_info("x", x_type, ["batch", "seq", 8]),
+        helper.make_tensor_value_info("skip", x_type, ["seq", 8]),
+        helper.make_tensor_value_info("w", TensorProto.FLOAT, [8]),
+    ]
+    if typed:
+        out = [helper.make_tensor_value_info(o, x_type, ["batch", "seq", 8]) for o in outputs]
+    else:  # left for shape inference to fill
+        out = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs]
+    graph = helper.make_graph([node], "g", inputs, out)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), op_schema.opset_import()]
+    )
+    model.ir_version = 10
+    return model
+
+
+def _inferred(model: onnx.ModelProto) -> dict[str, tuple[int, list[object]]]:
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    found = {}
+    for info in [*inferred.graph.value_info, *inferred.graph.output]:
+        t = info.type.tensor_type
+        found[info.name] = (t.elem_type, [d.dim_param or d.dim_value for d in t.shape.dim])
+    return found
+
+
+@pytest.mark.parametrize("outputs", [["y"], ["y", "s"]])
+def test_skip_rms_norm_outputs_take_x_type_and_shape(outputs):
+    node = op_schema.make_skip_node(["x", "skip", "w"], outputs, epsilon=1e-5)
+    inferred = _inferred(_model(node, outputs))
+    for name in outputs:
+        assert inferred[name] == (TensorProto.FLOAT16, ["batch", "seq", 8])
+
+
+def test_rms_norm_output_takes_x_type_and_shape():
+    node = op_schema.make_node(["x", "w"], ["y"])
+    assert _inferred(_model(node, ["y"]))["y"] == (TensorProto.FLOAT16, ["batch", "seq", 8])
+
+
+@pytest.mark.parametrize("op_type", op_schema.OP_TYPES)
+def test_unknown_attribute_is_refused_by_the_checker(op_type):
+    inputs = ["x", "skip"] if op_type == op_schema.SKIP_OP_TYPE else ["x"]
+    node = helper.make_node(op_type, inputs, ["y"], domain=op_schema.DOMAIN, groups=2)
+    with pytest.raises(onnx.checker.ValidationError, match="groups"):
+        onnx.checker.check_model(_model(node, ["y"], typed=True), full_check=True)
+
+
+def test_skip_of_another_type_is_refused_by_inference():
+    node = op_schema.make_skip_node(["x", "w"], ["y"])  # skip (float32) is not X's type
+    model = _model(node, ["y"])
+    with pytest.raises(onnx.shape_inference.InferenceError):
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+
+
+def test_skip_is_required():
+    node = helper.make_node(op_schema.SKIP_OP_TYPE, ["x"], ["y"], domain=op_schema.DOMAIN)
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(_model(node, ["y"], typed=True), full_check=True)
