@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
+import socket
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +16,16 @@ from onnx import helper
 
 from .errors import InvalidModelError, UsageError
 
-__all__ = ["atomic_path", "load_model", "save_model", "serialize", "set_ir_version"]
+__all__ = [
+    "atomic_path",
+    "load_model",
+    "output_target",
+    "remove_stale_temps",
+    "save_model",
+    "serialize",
+    "set_ir_version",
+    "temp_path",
+]
 
 
 def set_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -36,16 +48,108 @@ def serialize(model: onnx.ModelProto) -> bytes:
         model.ir_version = original
 
 
+# Temporary files are named ".NAME.rmsnorm-onnx-HOST-PID-RANDOM.tmp" beside the file they become,
+# so that one left by a killed run is recognisable, and removable once its process is gone.
+TEMP_TAG = "rmsnorm-onnx"
+_TEMP_RE = re.compile(rf"^\..*\.{TEMP_TAG}-(?P<host>\w*)-(?P<pid>\d+)-[0-9a-f]{{8}}\.tmp$")
+_SPECIAL = {
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFIFO: "FIFO",
+    stat.S_IFSOCK: "socket",
+}
+
+
+def _host() -> str:
+    return re.sub(r"\W", "_", socket.gethostname())[:32]
+
+
+def temp_path(target: Path) -> Path:
+    """A fresh name beside ``target`` for a file that will become it (not created here)."""
+    base = target.name[:96]  # the whole name must stay under the usual 255-byte limit
+    tag = f"{TEMP_TAG}-{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+    return target.parent / f".{base}.{tag}.tmp"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, someone else's
+        return True
+    return True
+
+
+def remove_stale_temps(folder: str | os.PathLike[str]) -> list[Path]:
+    """Remove our temporary files in ``folder`` whose process (on this host) is gone; returns
+    them. Only regular files of this user, named as ``temp_path`` names them."""
+    removed: list[Path] = []
+    host, uid = _host(), os.getuid() if hasattr(os, "getuid") else None
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMP_RE.match(entry.name)
+        if not match or match["host"] != host:
+            continue
+        pid = int(match["pid"])
+        if pid == os.getpid() or _alive(pid):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
+                continue
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+        except OSError:
+            continue
+    return removed
+
+
+def output_target(path: str | os.PathLike[str]) -> Path:
+    """The file to write for OUT ``path``: itself, or what it links to when it is a symlink
+    (written through, the link kept). Refuses a directory, a device, a FIFO, a socket, a
+    dangling symlink and a missing or unwritable folder, each with one clear line."""
+    given = Path(path)
+    target = given
+    if given.is_symlink():
+        target = Path(os.path.realpath(given))
+        if not target.exists():
+            raise UsageError(
+                f"{given}: is a symlink to {target}, which does not exist; refusing to write "
+                "through it"
+            )
+    try:
+        st: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise UsageError(f"{given}: cannot use it as output ({e.strerror})") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{given}: is a directory, not a file path")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = _SPECIAL.get(stat.S_IFMT(st.st_mode), "special file")
+        raise UsageError(f"{given}: is a {kind}, not a regular file; refusing to replace it")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{given}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{given}: cannot write in folder {folder} (permission denied)")
+    return target
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; move it over ``path`` only if the block succeeds."""
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise UsageError(f"{target}: is a directory, not a file path")
-    if not folder.is_dir():
-        raise UsageError(f"{target}: folder {folder} does not exist")
-    tmp = _new_file_beside(target, folder)
+    """Yield a temporary path beside ``path``; move it over ``path`` only if the block succeeds.
+
+    A symlink is written through (see ``output_target``). Stale temporary files of ours in that
+    folder, left by killed runs, are removed first.
+    """
+    target = output_target(path)
+    remove_stale_temps(target.parent)
+    tmp = _new_file_beside(target)
     try:
         yield tmp
         os.replace(tmp, target)
@@ -53,12 +157,12 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def _new_file_beside(target: Path, folder: Path) -> Path:
+def _new_file_beside(target: Path) -> Path:
     """A new empty file next to ``target``, created 0666 less the umask like any saved file
     (mkstemp's 0600 would make the model private; reading the umask means setting it, which
     races with other threads)."""
     for _ in range(100):
-        tmp = folder / f".{target.name}.{secrets.token_hex(4)}.tmp"
+        tmp = temp_path(target)
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         except FileExistsError:
@@ -66,7 +170,7 @@ def _new_file_beside(target: Path, folder: Path) -> Path:
         except OSError as e:
             raise UsageError(f"{target}: cannot write here ({e.strerror})") from None
         return tmp
-    raise UsageError(f"{target}: cannot create a temporary file in {folder}")
+    raise UsageError(f"{target}: cannot create a temporary file in {target.parent}")
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:

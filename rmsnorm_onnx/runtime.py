@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LIBRARY_ENV",
     "PROVIDER_ALIASES",
+    "copy_options",
     "cuda_available",
     "cuda_unavailable_reason",
     "library_path",
@@ -126,6 +127,103 @@ def resolve_providers(providers: Sequence[ProviderSpec] | str) -> list[ProviderS
     return resolved
 
 
+# What a SessionOptions lets one read back: its settings, and config entries by key (ORT lists
+# no keys, so these are the ones ORT's public header documents, onnxruntime 1.21).
+_SETTINGS = (
+    "enable_cpu_mem_arena",
+    "enable_mem_pattern",
+    "enable_mem_reuse",
+    "enable_profiling",
+    "execution_mode",
+    "execution_order",
+    "graph_optimization_level",
+    "inter_op_num_threads",
+    "intra_op_num_threads",
+    "log_severity_level",
+    "log_verbosity_level",
+    "logid",
+    "optimized_model_filepath",
+    "profile_file_prefix",
+    "use_deterministic_compute",
+    "use_per_session_threads",
+)
+_CONFIG_KEYS = [
+    "session.disable_prepacking",
+    "session.use_env_allocators",
+    "session.load_model_format",
+    "session.save_model_format",
+    "session.set_denormal_as_zero",
+    "session.disable_quant_qdq",
+    "session.disable_double_qdq_remover",
+    "session.enable_quant_qdq_cleanup",
+    "optimization.enable_gelu_approximation",
+    "session.disable_aot_function_inlining",
+    "optimization.memory_optimizer_config",
+    "optimization.enable_memory_probe_recompute_config",
+    "optimization.disable_specified_optimizers",
+    "session.use_device_allocator_for_initializers",
+    "session.inter_op.allow_spinning",
+    "session.intra_op.allow_spinning",
+    "session.use_ort_model_bytes_directly",
+    "session.use_ort_model_bytes_for_initializers",
+    "session.qdqisint8allowed",
+    "session.x64quantprecision",
+    "optimization.minimal_build_optimizations",
+    "ep.nnapi.partitioning_stop_ops",
+    "session.dynamic_block_base",
+    "session.force_spinning_stop",
+    "session.strict_shape_type_inference",
+    "session.allow_released_opsets_only",
+    "session.node_partition_config_file",
+    "session.intra_op_thread_affinities",
+    "session.debug_layout_transformation",
+    "session.disable_cpu_ep_fallback",
+    "session.optimized_model_external_initializers_file_name",
+    "session.optimized_model_external_initializers_min_size_in_bytes",
+    "session.model_external_initializers_file_folder_path",
+    "session.save_external_prepacked_constant_initializers",
+    "session.collect_node_memory_stats_to_file",
+    "session.resource_cuda_partitioning_settings",
+    "ep.context_enable",
+    "ep.context_file_path",
+    "ep.context_embed_mode",
+    "ep.context_node_name_prefix",
+    "ep.share_ep_contexts",
+    "ep.context_model_external_initializers_file_name",
+    "mlas.enable_gemm_fastmath_arm64_bfloat16",
+    "session.qdq_matmulnbits_accuracy_level",
+    "ep.dynamic.workload_type",
+]
+
+
+def copy_options(options: onnxruntime.SessionOptions) -> onnxruntime.SessionOptions:
+    """A new SessionOptions with ``options``' settings and documented config entries.
+
+    onnxruntime cannot copy SessionOptions, and registering a library on one cannot be undone
+    (a second registration fails), so ``session()`` registers ours on a copy. What cannot be read
+    back is not copied: initializers, free-dimension overrides, other custom-op libraries, config
+    entries under other keys; providers added with ``add_provider`` are refused.
+    """
+    import onnxruntime as ort
+
+    if options.has_providers():
+        raise RMSNormOnnxError(
+            "the SessionOptions passed to rmsnorm_onnx.session() have providers added with "
+            "add_provider(), which cannot be copied; pass them as providers= instead"
+        )
+    copy = ort.SessionOptions()
+    for name in _SETTINGS:
+        if hasattr(options, name):
+            setattr(copy, name, getattr(options, name))
+    for key in _CONFIG_KEYS:
+        try:
+            value = options.get_session_config_entry(key)
+        except Exception:  # RuntimeError: not set
+            continue
+        copy.add_session_config_entry(key, value)
+    return copy
+
+
 def _model_argument(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> str | bytes:
     if isinstance(model, onnx.ModelProto):
         return serialize(model)  # the lowest valid IR version for ORT; the proto is left alone
@@ -151,25 +249,17 @@ def session(
 
     ``providers`` takes ORT names or the aliases "cpu"/"cuda" (optionally as (name, options)
     pairs). A provider that is asked for but cannot run raises :class:`RMSNormOnnxError` instead of
-    ORT's silent fall back to the CPU. ``options`` must not have the library registered already;
-    ``kwargs`` go to ``InferenceSession``.
+    ORT's silent fall back to the CPU. ``options`` is not modified: the library is registered on
+    a copy (see ``copy_options``); ``kwargs`` go to ``InferenceSession``.
     """
     import onnxruntime as ort
 
     resolved = resolve_providers(providers)
-    opts = options if options is not None else ort.SessionOptions()
+    opts = copy_options(options) if options is not None else ort.SessionOptions()
     opts.register_custom_ops_library(library_path())
-    try:
-        sess = ort.InferenceSession(
-            _model_argument(model), sess_options=opts, providers=resolved, **kwargs
-        )
-    except Exception as e:
-        if "Domain already set in registry" in str(e):
-            raise RMSNormOnnxError(
-                "the SessionOptions passed to rmsnorm_onnx.session() already have the rmsnorm_onnx "
-                "library registered; pass options without it (session() registers it)"
-            ) from e
-        raise
+    sess = ort.InferenceSession(
+        _model_argument(model), sess_options=opts, providers=resolved, **kwargs
+    )
     active = sess.get_providers()
     wanted = [p if isinstance(p, str) else p[0] for p in resolved]
     missing = [p for p in wanted if p not in active]

@@ -1,7 +1,8 @@
 """Export a torch model to ONNX with its RMSNorm layers in one of three forms.
 
 - ``decomposed``: Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul (Cast around for half inputs).
-- ``fused``: one ``rmsnorm_onnx::RMSNorm`` node per layer (needs our custom-op library to run).
+- ``fused``: one ``rmsnorm_onnx::RMSNorm`` node per layer, ``SkipRMSNorm`` where a residual Add
+  feeds the norm (needs our custom-op library to run; see :func:`export` for the fusion step).
 - ``standard``: ONNX ``RMSNormalization`` (opset 23).
 
 Only :class:`rmsnorm_onnx.RMSNorm` layers obey the mode: run :func:`rmsnorm_onnx.patch` on a
@@ -53,6 +54,7 @@ def export(
     output_names: Sequence[str] | None = None,
     check: bool = True,
     keep_stack_traces: bool = False,
+    fusion: bool = True,
 ) -> onnx.ModelProto:
     """Export ``model(*args, **kwargs)`` to ONNX; write it to ``path`` (atomically) if given.
 
@@ -70,6 +72,16 @@ def export(
         check: run ``onnx.checker.check_model(full_check=True)`` on the result.
         keep_stack_traces: keep torch's per-node Python stack traces (they name absolute source
             paths of this machine, so by default they are dropped; the other node metadata stays).
+        fusion: with ``rmsnorm="fused"``, run the fusion pass on the export (below). False: the
+            graph as traced (e.g. to compare a fused export with and without the residual Adds).
+
+    Fused mode has two steps. The trace gives one ``RMSNorm`` node per layer (``SkipRMSNorm``
+    where the layer is called with a residual). Models whose decoder adds the residual outside
+    the norm (Hugging Face's) then still hold a residual ``Add`` in front of most norms, so the
+    export runs :func:`rmsnorm_onnx.fusion.fuse` with ``target="custom"`` on it: each such
+    ``Add`` -> norm becomes one ``SkipRMSNorm`` (the next residual reads its output 1), and any
+    RMSNorm left decomposed (a layer that was not patched) is fused as well. Where the pass finds
+    nothing to change, the traced model is returned as it was.
 
     Returns:
         The ONNX model, IR version set to the lowest its opsets allow (onnxruntime reads it).
@@ -125,6 +137,8 @@ def export(
         _name_dims(proto, flat_specs)
     if not keep_stack_traces:
         _drop_stack_traces(proto.graph)
+    if rmsnorm == "fused" and fusion:
+        proto = _fuse_residual_adds(proto)
     if rmsnorm == "fused" and any(n.domain == op_schema.DOMAIN for n in proto.graph.node):
         _ensure_opset_import(proto)
     onnx_io.set_ir_version(proto)
@@ -134,6 +148,28 @@ def export(
     if path is not None:
         onnx_io.save_model(proto, path)
     return proto
+
+
+def _fuse_residual_adds(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The fusion pass's model where it changed something (fewer nodes), else ``proto``."""
+    from .fusion import fuse
+
+    fused, _ = fuse(proto, target="custom")
+    return fused if _node_count(fused) < _node_count(proto) else proto
+
+
+def _node_count(proto: onnx.ModelProto) -> int:
+    """Nodes of the main graph, its subgraphs and the model's functions."""
+
+    def count(nodes: Sequence[onnx.NodeProto]) -> int:
+        total = len(nodes)
+        for node in nodes:
+            for attr in node.attribute:
+                for sub in (attr.g, *attr.graphs) if attr.HasField("g") else attr.graphs:
+                    total += count(sub.node)
+        return total
+
+    return count(proto.graph.node) + sum(count(f.node) for f in proto.functions)
 
 
 def op_histogram(model: onnx.ModelProto) -> Counter[str]:
@@ -161,19 +197,28 @@ def _default_dynamic_shapes(
         return dims[key]
 
     lone = isinstance(model, RMSNorm)
+    leaves = _pytree.tree_leaves((args, kwargs))
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+    x_shape = tuple(tensors[0].shape) if tensors else ()
 
     def spec(t: Any) -> Any:
         if not isinstance(t, torch.Tensor) or t.dim() == 0:
             return None
         if lone:
+            # dims aligned from the right with x's (a residual may drop leading dims); a
+            # residual's size-1 dim that broadcasts over x's stays static
+            offset = max(len(x_shape) - t.dim(), 0)
             leading = t.dim() - len(model.normalized_shape)
-            roles = ["batch", "seq"] + [f"dim{i}" for i in range(2, leading)]
-            return {i: dim(roles[i], t.shape[i]) for i in range(leading)} or None
+            roles = ["batch", "seq"] + [f"dim{i}" for i in range(2, leading + offset)]
+            return {
+                i: dim(roles[i + offset], t.shape[i])
+                for i in range(leading)
+                if not (t.shape[i] == 1 and x_shape[i + offset : i + offset + 1] != (1,))
+            } or None
         roles = ["batch", "seq"][: t.dim()]
         return {i: dim(role, t.shape[i]) for i, role in enumerate(roles)}
 
-    leaves = _pytree.tree_leaves((args, kwargs))
-    flat_specs = [spec(t) for t in leaves if isinstance(t, torch.Tensor)]
+    flat_specs = [spec(t) for t in tensors]
     try:  # keyed by forward's parameters: torch.export sees *args as one tuple-valued input
         bound = inspect.signature(model.forward).bind(*args, **kwargs)
     except (TypeError, ValueError):
@@ -229,9 +274,10 @@ def _warn_unpatched(model: nn.Module, mode: str) -> None:
     if foreign:
         names = Counter(type(m).__name__ for _, m in foreign)
         listed = ", ".join(f"{n} x{c}" for n, c in sorted(names.items()))
+        fate = " (fused only where the fusion step recognizes them)" if mode == "fused" else ""
         warnings.warn(
             f"rmsnorm={mode!r}: {len(foreign)} RMSNorm layers are not rmsnorm_onnx.RMSNorm "
-            f"({listed}) and export as plain ops; call rmsnorm_onnx.patch(model) first",
+            f"({listed}) and export as plain ops{fate}; call rmsnorm_onnx.patch(model) first",
             stacklevel=3,
         )
 

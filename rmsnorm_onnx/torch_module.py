@@ -3,7 +3,9 @@
 Eagerly it is plain torch arithmetic. Inside :func:`rmsnorm_onnx.export` it emits what the chosen
 mode asks for: the textbook chain of ONNX ops (``decomposed``), one ``rmsnorm_onnx::RMSNorm``
 node (``fused``) or ONNX's ``RMSNormalization`` (``standard``). Outside our export (a plain
-``torch.onnx.export``) it traces as the decomposed chain.
+``torch.onnx.export``) it traces as the decomposed chain. Called with a residual,
+``layer(x, residual)`` returns ``(RMSNorm(x + residual), x + residual)`` and exports as one
+``rmsnorm_onnx::SkipRMSNorm`` (fused) or an ``Add`` in front of the other two forms.
 
 Supported torch: 2.8 and newer by the APIs used (``torch.onnx.ops.symbolic``, opsets 18-23 in the
 dynamo exporter and size-1 example dims on dynamic axes all arrived in 2.8); tested with 2.13.0.
@@ -21,8 +23,9 @@ from torch import nn
 
 from . import op_schema
 from .errors import UsageError
+from .reference import skip_fits
 
-__all__ = ["EXPORT_MODES", "RMSNorm"]
+__all__ = ["EXPORT_MODES", "RMSNorm", "ResidualError"]
 
 EXPORT_MODES = ("decomposed", "fused", "standard")
 
@@ -33,6 +36,11 @@ _EXPORT_MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 # Input types our fused op and ONNX RMSNormalization take (DESIGN §2).
 _OP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class ResidualError(UsageError, ValueError):
+    """A residual the layer cannot add (another dtype, a shape that does not fit); a ValueError,
+    and one that :func:`rmsnorm_onnx.export` reports as itself rather than as torch's."""
 
 
 class RMSNorm(nn.Module):
@@ -74,6 +82,9 @@ class RMSNorm(nn.Module):
     inputs they round as their op does (fused: once, after scale and bias; ONNX RMSNormalization:
     before the scale), which can differ from eager in the last bit whatever
     ``cast_before_scale`` says. ``decomposed`` reproduces the eager arithmetic op for op.
+
+    ``forward(x, residual)`` is the fused residual add of vLLM and SGLang (see :meth:`forward`):
+    every variant takes it, groups included (the op sees X and the residual in grouped view).
     """
 
     def __init__(
@@ -198,22 +209,59 @@ class RMSNorm(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``y = RMSNorm(x)``; with a ``residual``, ``(RMSNorm(s), s)`` where ``s = x + residual``.
+
+        The residual form is vLLM's and SGLang's fused add: ``s`` is formed in ``x``'s dtype
+        (rounded to it, as an unfused Add of that type is) and the norm reads the rounded ``s``.
+        ``residual`` has ``x``'s dtype and shape, or ``x``'s shape with leading dims dropped or
+        set to 1 (``[S, H]`` or ``[1, S, H]`` for ``x`` ``[B, S, H]``); it never broadcasts over
+        the normalized dims. Exported as one ``rmsnorm_onnx::SkipRMSNorm`` (fused), or an Add
+        in front of the chain (decomposed) or of ``RMSNormalization`` (standard).
+        """
         k = len(self.normalized_shape)
         if x.dim() < k or tuple(x.shape[-k:]) != self.normalized_shape:
             raise ValueError(
                 f"RMSNorm{self.normalized_shape} got an input of shape {tuple(x.shape)}: its "
                 f"trailing dims must be {self.normalized_shape}"
             )
+        if residual is not None:
+            self._check_residual(x, residual)
         mode = _EXPORT_MODE.get()
         if mode is None or not torch.onnx.is_in_onnx_export():
             eps = self.eps_param.abs() if self.eps_param is not None else None
-            return self._decomposed(x, eps)
+            if residual is None:
+                return self._decomposed(x, eps)
+            s = x + residual
+            return self._decomposed(s, eps), s
         if mode == "fused":
-            return self._fused(x)
-        if mode == "standard":
-            return self._standard(x)
-        return self._decomposed(x, None)
+            return self._fused(x, residual)
+        norm = self._standard if mode == "standard" else lambda h: self._decomposed(h, None)
+        if residual is None:
+            return norm(x)
+        s = x + residual
+        return norm(s), s
+
+    def _check_residual(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"residual must be a tensor, got {type(residual).__name__}")
+        if residual.dtype != x.dtype:
+            raise ResidualError(
+                f"residual must have x's dtype {x.dtype} (the sum is formed in it), got "
+                f"{residual.dtype}"
+            )
+        x_shape, r_shape = _example_shape(x), _example_shape(residual)
+        if x_shape is None or r_shape is None:
+            return  # symbolic shapes without example sizes: the Add itself checks them
+        axis = -len(self.normalized_shape)
+        if not skip_fits(x_shape, r_shape, axis):
+            raise ResidualError(
+                f"residual of shape {r_shape} does not fit x of shape {x_shape}: it must be "
+                f"x's shape, or x's shape with leading dims dropped or set to 1 (never "
+                f"broadcast over the normalized dims {self.normalized_shape})"
+            )
 
     def _grouped(self, x: torch.Tensor) -> torch.Tensor:
         d = self.normalized_shape[0]
@@ -260,13 +308,18 @@ class RMSNorm(nn.Module):
             return params
         return [None if p is None else p.to(torch.float32) for p in params]
 
-    def _fused(self, x: torch.Tensor) -> torch.Tensor:
-        """One ``rmsnorm_onnx::RMSNorm`` node (groups: reshaped around it, scale after it)."""
+    def _fused(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """One ``rmsnorm_onnx::RMSNorm`` node, or ``SkipRMSNorm`` with a residual (outputs Y and
+        the sum S). Groups: reshaped around the node (X and skip alike), scale after it."""
         self._check_op_dtype(x, "fused")
         scale = self._scale(self._scale_dtype(x.dtype))
         bias = self.bias
         h = self._grouped(x)
         node_inputs: list[torch.Tensor | None] = [h]
+        if residual is not None:
+            node_inputs.append(self._grouped(residual))
         if self.groups == 1:
             node_inputs += self._params_for_op(scale, bias, x)
             while node_inputs[-1] is None:
@@ -277,25 +330,46 @@ class RMSNorm(nn.Module):
         }
         if self.eps_outside:
             attrs["eps_outside"] = 1
-        y = torch.onnx.ops.symbolic(
-            f"{op_schema.DOMAIN}::{op_schema.OP_TYPE}",
+        if residual is None:
+            y = torch.onnx.ops.symbolic(
+                f"{op_schema.DOMAIN}::{op_schema.OP_TYPE}",
+                node_inputs,
+                attrs=attrs,
+                dtype=x.dtype,
+                shape=h.shape,
+                version=op_schema.VERSION,
+            )
+            return self._ungroup(y, scale, bias, x.dtype)
+        y, s = torch.onnx.ops.symbolic_multi_out(
+            f"{op_schema.DOMAIN}::{op_schema.SKIP_OP_TYPE}",
             node_inputs,
             attrs=attrs,
-            dtype=x.dtype,
-            shape=h.shape,
+            dtypes=(x.dtype, x.dtype),
+            shapes=(h.shape, h.shape),
             version=op_schema.VERSION,
         )
+        s = s.flatten(-2) if self.groups > 1 else s
+        return self._ungroup(y, scale, bias, x.dtype), s
+
+    def _ungroup(
+        self,
+        y: torch.Tensor,
+        scale: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """The op's output back in the layer's shape; with groups, the scale applied after it."""
         if self.groups == 1:
             return y
         # The scale spans all groups, so it is applied after the op, in the type eager uses.
         y = y.flatten(-2)
         if not self.cast_before_scale and (scale is not None or bias is not None):
-            y = y.to(self.compute_type(x.dtype))
+            y = y.to(self.compute_type(dtype))
         if scale is not None:
             y = y * scale.to(y.dtype)
         if bias is not None:
             y = y + bias.to(y.dtype)
-        return y.to(x.dtype)
+        return y.to(dtype)
 
     def _standard(self, x: torch.Tensor) -> torch.Tensor:
         """ONNX ``RMSNormalization`` (opset 23), computed in float32 (stash_type 1)."""
@@ -321,6 +395,20 @@ class RMSNorm(nn.Module):
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y
+
+
+def _example_shape(t: torch.Tensor) -> tuple[int, ...] | None:
+    """``t``'s shape as ints; while exporting, the example sizes behind its symbolic dims."""
+    dims = []
+    for d in t.shape:
+        if isinstance(d, int):
+            dims.append(d)
+            continue
+        hint = getattr(getattr(d, "node", None), "hint", None)  # torch.SymInt's example value
+        if not isinstance(hint, int):
+            return None
+        dims.append(hint)
+    return tuple(dims)
 
 
 def rmsnorm_layers(model: nn.Module) -> list[RMSNorm]:

@@ -20,19 +20,22 @@ from rmsnorm_onnx import reference
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
 DTYPES["bfloat16"] = np.dtype(reference.bfloat16)
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}  # launch.h's DType
-MODES = ("warp_registers", "block_registers", "block_shared", "block_reread")  # launch_config.h
+MODES = ("warp", "block")  # launch_config.h's Mode
+FAMILIES = ("generic", "no_scale", "scale_same", "scale_f32")  # launch_config.h's Family
 
-# Dynamic shared memory a block can opt into, less the kernel's 256 static bytes, by architecture
+# Dynamic shared memory a block can opt into, less the kernel's 512 static bytes, by architecture
 # (what rmsnorm.cu asks the device for).
+STATIC_SMEM = 512
 DEVICES = {
-    "sm_75": 64 * 1024 - 256,
-    "sm_80": 163 * 1024 - 256,
-    "sm_86": 99 * 1024 - 256,
-    "sm_89": 99 * 1024 - 256,
-    "sm_90": 227 * 1024 - 256,
+    "sm_75": 64 * 1024 - STATIC_SMEM,
+    "sm_80": 163 * 1024 - STATIC_SMEM,
+    "sm_86": 99 * 1024 - STATIC_SMEM,
+    "sm_89": 99 * 1024 - STATIC_SMEM,
+    "sm_90": 227 * 1024 - STATIC_SMEM,
 }
 DEFAULT_DEVICE = "sm_90"
 MAX_GRID = 2**31 - 1
+DEFAULT_SHARED = 48 * 1024 - STATIC_SMEM  # without opt-in
 
 LIBRARY_NAMES = ("librmsnorm_onnx_emulated.so", "librmsnorm_onnx_emulated.dylib")
 
@@ -40,41 +43,69 @@ LIBRARY_NAMES = ("librmsnorm_onnx_emulated.so", "librmsnorm_onnx_emulated.dylib"
 # ----------------------------------------------------------------------------- the library
 
 
-class _Config(ctypes.Structure):
+class _Params(ctypes.Structure):  # emulated_api.cc's RmsnormEmulatedParams
     _fields_ = [
-        ("mode", ctypes.c_int32),
-        ("vec", ctypes.c_int32),
-        ("items", ctypes.c_int32),
-        ("threads", ctypes.c_int32),
-        ("rows_per_block", ctypes.c_int32),
-        ("smem_bytes", ctypes.c_int32),
-        ("grid", ctypes.c_int64),
-        ("register_words", ctypes.c_int32),
+        *((name, ctypes.c_uint64) for name in ("x", "y", "scale", "bias", "skip", "sum")),
+        *((name, ctypes.c_int32) for name in ("x_type", "scale_type", "bias_type", "eps_outside")),
+        *(
+            (name, ctypes.c_int64)
+            for name in (
+                "rows",
+                "cols",
+                "scale_inner",
+                "scale_period",
+                "bias_inner",
+                "bias_period",
+                "skip_rows",
+                "scale_count",
+                "bias_count",
+            )
+        ),
+        ("epsilon", ctypes.c_float),
+    ]
+
+
+_CONFIG_INTS = ("mode", "family", "skip", "vec", "items", "lanes", "threads", "rows_per_block")
+
+
+class _Config(ctypes.Structure):  # emulated_api.cc's RmsnormEmulatedConfig
+    _fields_ = [
+        *((name, ctypes.c_int32) for name in (*_CONFIG_INTS, "smem_bytes")),
+        *(
+            (name, ctypes.c_int64)
+            for name in ("grid", "threads_launched", "threads_loading", "row_data_bytes")
+        ),
     ]
 
 
 @dataclass(frozen=True)
 class Config:
     mode: str
+    family: str
+    skip: bool
     vec: int
     items: int
+    lanes: int
     threads: int
     rows_per_block: int
     smem_bytes: int
     grid: int
-    register_words: int
+    threads_launched: int  # runs only: what the emulator counted
+    threads_loading: int  # of which loaded an element of X or skip
+    row_data_bytes: int  # bytes loaded from X and skip, all threads together
 
     @classmethod
     def from_c(cls, c: _Config) -> Config:
         return cls(
             MODES[c.mode],
-            c.vec,
-            c.items,
-            c.threads,
-            c.rows_per_block,
+            FAMILIES[c.family],
+            bool(c.skip),
+            *(getattr(c, name) for name in _CONFIG_INTS[3:]),
             c.smem_bytes,
             c.grid,
-            c.register_words,
+            c.threads_launched,
+            c.threads_loading,
+            c.row_data_bytes,
         )
 
 
@@ -96,19 +127,62 @@ class Emulator:
 
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
-        i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
-        lib.rmsnorm_onnx_emulated_config.argtypes = [
-            *(i32, i64, i64, ctypes.c_uint64, ctypes.c_uint64, i32, i64),
-            ctypes.POINTER(_Config),
-        ]
+        i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.POINTER
+        lib.rmsnorm_onnx_emulated_config.argtypes = [ptr(_Params), i32, i64, ptr(_Config)]
         lib.rmsnorm_onnx_emulated_config.restype = i32
         lib.rmsnorm_onnx_emulated_run.argtypes = [
-            *(ptr, ptr, ptr, i64, ptr, i64, i32, i32, i32, i64, i64),
-            *(i64, i64, i64, i64, ctypes.c_float, i32, i32, i64, ctypes.c_uint64),
-            *(ctypes.POINTER(_Config), ctypes.c_char_p, i64),
+            *(ptr(_Params), i32, i64, ctypes.c_uint64, ptr(_Config), ctypes.c_char_p, i64)
         ]
         lib.rmsnorm_onnx_emulated_run.restype = i32
+        lib.rmsnorm_onnx_emulated_shared_limit_race.argtypes = [i32, i32, i32, *[ptr(i64)] * 3]
+        lib.rmsnorm_onnx_emulated_stale_error.argtypes = [i32, ptr(i32), ctypes.c_char_p, i64]
         self._lib = lib
+
+    @staticmethod
+    def params(
+        dtype: str,
+        rows: int,
+        cols: int,
+        *,
+        x_addr: int = 0,
+        y_addr: int = 0,
+        skip_addr: int = 0,
+        sum_addr: int = 0,
+        skip_rows: int | None = None,
+        scale_addr: int = 0,
+        scale_dtype: str | None = None,
+        scale_pair: tuple[int, int] | None = None,
+        bias_addr: int = 0,
+        bias_dtype: str | None = None,
+        bias_pair: tuple[int, int] | None = None,
+        epsilon: float = 1e-6,
+        eps_outside: bool = False,
+        scale_count: int = 0,
+        bias_count: int = 0,
+    ) -> _Params:
+        """launch.h's Params (pointers as addresses); a parameter pair defaults to full size."""
+        return _Params(
+            x=x_addr,
+            y=y_addr,
+            scale=scale_addr,
+            bias=bias_addr,
+            skip=skip_addr,
+            sum=sum_addr,
+            x_type=DTYPE_CODES[dtype],
+            scale_type=DTYPE_CODES[scale_dtype or dtype],
+            bias_type=DTYPE_CODES[bias_dtype or dtype],
+            eps_outside=int(eps_outside),
+            rows=rows,
+            cols=cols,
+            scale_inner=(scale_pair or (1, cols))[0],
+            scale_period=(scale_pair or (1, cols))[1],
+            bias_inner=(bias_pair or (1, cols))[0],
+            bias_period=(bias_pair or (1, cols))[1],
+            skip_rows=rows if skip_rows is None else skip_rows,
+            scale_count=scale_count,
+            bias_count=bias_count,
+            epsilon=epsilon,
+        )
 
     def config(
         self,
@@ -116,16 +190,14 @@ class Emulator:
         rows: int,
         cols: int,
         *,
-        x_addr: int = 0,
-        y_addr: int = 0,
         device: str = DEFAULT_DEVICE,
         max_grid: int = MAX_GRID,
+        **addresses,
     ) -> Config:
+        """The configuration rmsnorm.cu would launch (``addresses``: see ``params``)."""
         out = _Config()
-        rc = self._lib.rmsnorm_onnx_emulated_config(
-            DTYPE_CODES[dtype], rows, cols, x_addr, y_addr, DEVICES[device], max_grid, out
-        )
-        assert rc == 0
+        p = self.params(dtype, rows, cols, **addresses)
+        assert self._lib.rmsnorm_onnx_emulated_config(p, DEVICES[device], max_grid, out) == 0
         return Config.from_c(out)
 
     def run(
@@ -135,36 +207,69 @@ class Emulator:
         scale: np.ndarray | None = None,
         bias: np.ndarray | None = None,
         *,
-        scale_pair: tuple[int, int] = (1, 1),
-        bias_pair: tuple[int, int] = (1, 1),
+        skip: np.ndarray | None = None,
+        sum_out: np.ndarray | None = None,
+        scale_pair: tuple[int, int] | None = None,
+        bias_pair: tuple[int, int] | None = None,
         epsilon: float = 1e-6,
         eps_outside: bool = False,
         device: str = DEFAULT_DEVICE,
         max_grid: int = MAX_GRID,
         seed: int = 0,
     ) -> Config:
-        """Y = RMSNorm(X) over the last axis of 2-D x and y; raises with the kernel's error."""
+        """Y = RMSNorm(X) (or of S = X + skip, S stored into sum_out) over the last axis of 2-D
+        x, y; skip is [skip_rows, cols] with skip_rows dividing rows. Raises with the error."""
         rows, cols = x.shape
         assert y.shape == x.shape and x.flags.c_contiguous and y.flags.c_contiguous
+        if skip is not None:
+            assert skip.ndim == 2 and skip.shape[1] == cols and skip.flags.c_contiguous
+        if sum_out is not None:
+            assert sum_out.shape == x.shape and sum_out.flags.c_contiguous
 
-        def pointer(a: np.ndarray | None) -> int | None:
-            return None if a is None else a.ctypes.data
+        def addr(a: np.ndarray | None) -> int:
+            return 0 if a is None else a.ctypes.data
 
-        def code(a: np.ndarray | None) -> int:
-            return 0 if a is None else DTYPE_CODES[a.dtype.name]
-
+        p = self.params(
+            x.dtype.name,
+            rows,
+            cols,
+            x_addr=addr(x),
+            y_addr=addr(y),
+            skip_addr=addr(skip),
+            sum_addr=addr(sum_out),
+            skip_rows=rows if skip is None else skip.shape[0],
+            scale_addr=addr(scale),
+            scale_dtype=None if scale is None else scale.dtype.name,
+            scale_pair=scale_pair,
+            bias_addr=addr(bias),
+            bias_dtype=None if bias is None else bias.dtype.name,
+            bias_pair=bias_pair,
+            epsilon=epsilon,
+            eps_outside=eps_outside,
+            scale_count=0 if scale is None else scale.size,
+            bias_count=0 if bias is None else bias.size,
+        )
         used = _Config()
         error = ctypes.create_string_buffer(1024)
         rc = self._lib.rmsnorm_onnx_emulated_run(
-            *(pointer(x), pointer(y), pointer(scale), 0 if scale is None else scale.size),
-            *(pointer(bias), 0 if bias is None else bias.size),
-            *(DTYPE_CODES[x.dtype.name], code(scale), code(bias), rows, cols),
-            *(*scale_pair, *bias_pair, epsilon, int(eps_outside), DEVICES[device], max_grid, seed),
-            *(used, error, len(error)),
+            p, DEVICES[device], max_grid, seed, used, error, len(error)
         )
         if rc != 0:
             raise RuntimeError(error.value.decode())
         return Config.from_c(used)
+
+    def shared_limit_race(self, threads: int, launches: int, max_smem: int) -> tuple[int, int, int]:
+        """(raises, failed launches, limit left) of racing long-row launches (launcher.h)."""
+        out = [ctypes.c_int64() for _ in range(3)]
+        self._lib.rmsnorm_onnx_emulated_shared_limit_race(threads, launches, max_smem, *out)
+        return tuple(v.value for v in out)
+
+    def stale_error(self, launch_error: int) -> tuple[str, int]:
+        """(the launch's message, the last-error slot after) with an earlier error pending."""
+        pending = ctypes.c_int32()
+        error = ctypes.create_string_buffer(256)
+        self._lib.rmsnorm_onnx_emulated_stale_error(launch_error, pending, error, len(error))
+        return error.value.decode(), pending.value
 
 
 def buffer(shape: tuple[int, ...], dtype: np.dtype, offset: int = 0) -> np.ndarray:
@@ -200,9 +305,15 @@ def normalize(
     bias: np.ndarray | None = None,
     *,
     y_offset: int = 0,
+    skip: np.ndarray | None = None,
+    sum_offset: int | None = None,
     **kwargs,
-) -> tuple[np.ndarray, Config]:
-    """Runs the op's flattening: X of any rank -> [prod(shape[:axis]), prod(shape[axis:])]."""
+) -> tuple[np.ndarray, Config] | tuple[np.ndarray, np.ndarray | None, Config]:
+    """Runs the op's flattening: X of any rank -> [prod(shape[:axis]), prod(shape[axis:])].
+
+    With ``skip`` (X's shape with leading dims dropped or 1: a broadcast over X's leading rows),
+    SkipRMSNorm: returns (Y, S, config), S only when ``sum_offset`` is given (else not stored).
+    """
     axis %= x.ndim
     normalized = x.shape[axis:]
     rows, cols = math.prod(x.shape[:axis]), math.prod(normalized)
@@ -212,6 +323,13 @@ def normalize(
     for name, p in (("scale", scale), ("bias", bias)):
         if p is not None:
             pairs[f"{name}_pair"] = broadcast_pair(p.shape, normalized)
+    s = None
+    if skip is not None:
+        kwargs["skip"] = skip.reshape(-1, cols)
+        if sum_offset is not None:
+            s = buffer(x.shape, x.dtype, sum_offset)
+            s[...] = np.nan
+            kwargs["sum_out"] = s.reshape(rows, cols)
     config = emu.run(
         x.reshape(rows, cols),
         y.reshape(rows, cols),
@@ -220,4 +338,4 @@ def normalize(
         **pairs,
         **kwargs,
     )
-    return y, config
+    return (y, config) if skip is None else (y, s, config)

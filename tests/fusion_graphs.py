@@ -207,3 +207,60 @@ def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarra
 
 def op_types(model: onnx.ModelProto) -> list[str]:
     return [n.op_type for n in model.graph.node]
+
+
+@dataclasses.dataclass(frozen=True)
+class Residual:
+    """How the residual Add in front of a norm is written (``with_residual``)."""
+
+    skip_shape: tuple[int, ...] | None = None  # None: the input's shape
+    skip_first: bool = False  # Add(skip, x) instead of Add(x, skip)
+    constant: bool = False  # the second operand an initializer (a bias, not a residual)
+    read: str = "none"  # none | after (Neg of the sum after the norm) | before | output
+
+    @property
+    def id(self) -> str:
+        fields = dataclasses.asdict(self)
+        default = dataclasses.asdict(Residual())
+        return ",".join(f"{k}={v}" for k, v in fields.items() if v != default[k]) or "plain"
+
+
+def with_residual(v: Variant, r: Residual, seed: int = 0) -> onnx.ModelProto:
+    """``build(v)`` with its input 'x' the sum of inputs 'a' and 'skip' (or a constant)."""
+    model = build(v, seed)
+    elem = ONNX_TYPE[v.dtype]
+    shape = list(r.skip_shape if r.skip_shape is not None else v.shape)
+    graph = model.graph
+    x_info = graph.input[0]
+    del graph.input[0]
+    graph.input.insert(0, helper.make_tensor_value_info("a", elem, list(v.shape)))
+    if r.constant:
+        rng = np.random.default_rng(seed + 7)
+        bias = rng.standard_normal(shape).astype(v.dtype)
+        graph.initializer.append(numpy_helper.from_array(bias, "skip"))
+    else:
+        graph.input.insert(1, helper.make_tensor_value_info("skip", elem, shape))
+    operands = ["skip", "a"] if r.skip_first else ["a", "skip"]
+    front = [helper.make_node("Add", operands, ["h"], name="residual")]
+    for node in graph.node:
+        node.input[:] = ["h" if i == x_info.name else i for i in node.input]
+    if r.read == "before":
+        front.append(helper.make_node("Neg", ["h"], ["h_neg"], name="reads_sum"))
+    for node in reversed(front):
+        graph.node.insert(0, node)
+    if r.read == "after":
+        graph.node.append(helper.make_node("Neg", ["h"], ["h_neg"], name="reads_sum"))
+    if r.read in ("after", "before"):
+        graph.output.append(helper.make_tensor_value_info("h_neg", elem, None))
+    elif r.read == "output":
+        graph.output.append(helper.make_tensor_value_info("h", elem, None))
+    return model
+
+
+def residual_feeds(v: Variant, r: Residual, seed: int = 1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {"a": rng.standard_normal(v.shape).astype(v.dtype)}
+    if not r.constant:
+        shape = r.skip_shape if r.skip_shape is not None else v.shape
+        out["skip"] = rng.standard_normal(shape).astype(v.dtype)
+    return out

@@ -1,4 +1,5 @@
-"""One-node models of rmsnorm_onnx::RMSNorm, hand-built with onnx.helper, for the kernel tests.
+"""One-node models of rmsnorm_onnx::RMSNorm and ::SkipRMSNorm, hand-built with onnx.helper, for the
+kernel tests.
 
 bfloat16 tensors enter and leave through Cast nodes (float32 graph inputs/outputs), since NumPy
 bfloat16 arrays cannot be fed to onnxruntime directly; bfloat16 values are exact in float32.
@@ -33,6 +34,27 @@ except ImportError:  # pragma: no cover
     ORT_ERRORS = (Exception,)
 
 
+# The library has a portable row kernel and, on x86-64, an AVX2+FMA+F16C one picked at run time
+# that writes outputs beyond the private caches with non-temporal stores. Environment variables
+# read at session creation select them: RMSNORM_ONNX_CPU_KERNEL forces a kernel,
+# RMSNORM_ONNX_STREAM_MIN_BYTES=0 makes every output streamed (-1: none).
+CPU_KERNELS = {
+    "portable": {"RMSNORM_ONNX_CPU_KERNEL": "portable"},
+    "auto": {"RMSNORM_ONNX_STREAM_MIN_BYTES": "-1"},
+    "auto_streamed": {"RMSNORM_ONNX_STREAM_MIN_BYTES": "0"},
+}
+
+
+@pytest.fixture(params=list(CPU_KERNELS))
+def cpu_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each CPU row kernel in turn (a test taking it runs once per kernel)."""
+    monkeypatch.delenv("RMSNORM_ONNX_CPU_KERNEL", raising=False)
+    monkeypatch.delenv("RMSNORM_ONNX_STREAM_MIN_BYTES", raising=False)
+    for name, value in CPU_KERNELS[request.param].items():
+        monkeypatch.setenv(name, value)
+    return request.param
+
+
 def np_dtype(name: str) -> np.dtype:
     return np.dtype(reference.bfloat16) if name == "bfloat16" else np.dtype(name)
 
@@ -56,9 +78,14 @@ def make_model(
     bias_shape: Sequence[int] | None = None,
     constants: dict[str, np.ndarray] | None = None,
     opset: int = 18,
+    skip_dtype: str | None = None,
+    skip_shape: Sequence[int | str] | None = None,
+    with_sum: bool = False,
     **attrs: object,
 ) -> onnx.ModelProto:
-    """X -> RMSNorm(X, scale?, bias?) -> Y, with ``attrs`` passed to ``op_schema.make_node``.
+    """X -> RMSNorm(X, scale?, bias?) -> Y, with ``attrs`` passed to ``op_schema.make_node``;
+    with ``skip_dtype``, X, skip -> SkipRMSNorm(X, skip, scale?, bias?) -> Y (and the sum S as a
+    second graph output "s" when ``with_sum``; else the node has no output S at all).
 
     A missing scale with a bias present is the empty input name ''. Shapes given become the
     graph inputs' declared shapes (None: unknown rank). ``constants`` makes scale and/or bias
@@ -83,27 +110,35 @@ def make_model(
         return f"{name}_bf16"
 
     op_inputs = [graph_input("x", x_dtype, x_shape)]
+    if skip_dtype:
+        op_inputs.append(graph_input("skip", skip_dtype, skip_shape))
     op_inputs.append(graph_input("scale", scale_dtype, scale_shape) if scale_dtype else "")
     op_inputs.append(graph_input("bias", bias_dtype, bias_shape) if bias_dtype else "")
     while op_inputs[-1] == "":
         op_inputs.pop()
-    y = "y_bf16" if x_dtype == "bfloat16" else "y"
-    nodes.append(op_schema.make_node(op_inputs, [y], name="rmsnorm", **attrs))  # type: ignore[arg-type]
+    names = ["y", "s"] if with_sum else ["y"]
+    op_outputs = [f"{n}_bf16" if x_dtype == "bfloat16" else n for n in names]
+    make = op_schema.make_skip_node if skip_dtype else op_schema.make_node
+    nodes.append(make(op_inputs, op_outputs, name="rmsnorm", **attrs))  # type: ignore[arg-type]
     if x_dtype == "bfloat16":
-        nodes.append(helper.make_node("Cast", [y], ["y"], to=TensorProto.FLOAT))
-    output = helper.make_tensor_value_info("y", _feed_type(x_dtype), None)
-    graph = helper.make_graph(nodes, "rmsnorm_test", inputs, [output], initializer=initializers)
+        for name, op_output in zip(names, op_outputs, strict=True):
+            nodes.append(helper.make_node("Cast", [op_output], [name], to=TensorProto.FLOAT))
+    outputs = [helper.make_tensor_value_info(n, _feed_type(x_dtype), None) for n in names]
+    graph = helper.make_graph(nodes, "rmsnorm_test", inputs, outputs, initializer=initializers)
     return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", opset), op_schema.opset_import()]
     )
 
 
 def feeds(
-    x: np.ndarray, scale: np.ndarray | None = None, bias: np.ndarray | None = None
+    x: np.ndarray,
+    scale: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    skip: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """ORT feeds for arrays already in their dtypes (bfloat16 goes in as float32)."""
     out = {}
-    for name, a in (("x", x), ("scale", scale), ("bias", bias)):
+    for name, a in (("x", x), ("skip", skip), ("scale", scale), ("bias", bias)):
         if a is None:
             continue
         out[name] = a.astype(np.float32) if a.dtype == np_dtype("bfloat16") else a
@@ -122,6 +157,29 @@ def run(
     sess = session(model, providers=providers, **session_kwargs)  # type: ignore[arg-type]
     (y,) = sess.run(None, feeds(x, scale, bias))
     return np.asarray(y).astype(np.float64)
+
+
+def run_skip(
+    model: onnx.ModelProto,
+    x: np.ndarray,
+    skip: np.ndarray,
+    scale: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    providers: Sequence[str] = ("cpu",),
+    **session_kwargs: object,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(Y as float64, S in X's dtype or None when the model has no output S) of one run."""
+    sess = session(model, providers=providers, **session_kwargs)  # type: ignore[arg-type]
+    outs = sess.run(None, feeds(x, scale, bias, skip))
+    y = np.asarray(outs[0]).astype(np.float64)
+    return y, (np.asarray(outs[1]).astype(x.dtype) if len(outs) > 1 else None)
+
+
+def assert_sum_exact(s: np.ndarray | None, expected: np.ndarray) -> None:
+    """S must be the NumPy-rounded sum bit for bit (compared as raw bits: NaNs included)."""
+    assert s is not None and s.shape == expected.shape and s.dtype == expected.dtype
+    bits = np.dtype(f"u{expected.dtype.itemsize}")
+    np.testing.assert_array_equal(s.view(bits), expected.view(bits))
 
 
 def assert_matches(y: np.ndarray, expected: np.ndarray, dtype: str) -> None:

@@ -172,6 +172,7 @@ def _python(code: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
         pytest.param(["run", "--help"], id="run-help"),
         pytest.param(["run", "{model}", "--repeat", "1"], id="run"),
         pytest.param(["run", "{model}", "--compare", "{model}", "--repeat", "1"], id="compare"),
+        pytest.param(["fuse", "{model}", "{model}.fused.onnx"], id="fuse"),
     ],
 )
 def test_no_torch_import(argv: list[str], tmp_path) -> None:
@@ -190,6 +191,20 @@ def test_no_torch_import(argv: list[str], tmp_path) -> None:
     rc, modules = result.stdout.strip().split(" ", 1)
     assert modules == "[]", f"torch imported by {argv}: {modules}"
     assert rc == "0", result.stderr
+
+
+def test_symbolic_shape_inference_loads_without_torch() -> None:
+    """The residual rule's fallback shape inference is onnxruntime's, whose package __init__
+    imports torch: it is loaded from its file instead."""
+    code = (
+        "import sys\n"
+        "from rmsnorm_onnx.fusion import skip\n"
+        "assert skip._symbolic_shape_inference().__name__ == 'SymbolicShapeInference'\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    result = _python(code, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_help_starts_without_heavy_imports() -> None:

@@ -14,32 +14,66 @@ def test_bench_quick_run_with_plot_and_json(tmp_path: Path) -> None:
     png, data = tmp_path / "bench.png", tmp_path / "bench.json"
     result = run_cli(
         "bench", "--shapes", "8x64,4x256", "--dtypes", "float32", "--impl", "decomposed",
-        "--impl", "copy", "--repeat", "3", "--budget", "0.05", "--plot", png, "--json", data,
+        "--impl", "Add+rmsnorm_onnx", "--impl", "copy", "--repeat", "3", "--budget", "0.01",
+        "--plot", png, "--json", data,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("machine: ") and "onnxruntime" in lines[0]
+    assert "load average" in lines[0]
+    expected = {
+        ("rmsnorm", "rmsnorm_onnx"), ("rmsnorm", "decomposed"), ("rmsnorm", "copy"),
+        ("skip", "rmsnorm_onnx"), ("skip", "Add+rmsnorm_onnx"), ("skip", "copy"),
+    }  # fmt: skip
     for shape in ("8x64", "4x256"):
-        for impl in ("rmsnorm_onnx", "decomposed", "copy"):
+        for op, impl in expected:
             row = re.search(
-                rf"^\s+{shape}\s+float32 {impl}\s+([\d.]+)\s+([\d.]+)", result.stdout, re.M
+                rf"^{op}\s+{shape}\s+float32 {re.escape(impl)}\s+([\d.]+)\s+([\d.]+)",
+                result.stdout,
+                re.M,
             )
-            assert row, f"no row for {impl} {shape}:\n{result.stdout}"
+            assert row, f"no row for {op} {impl} {shape}:\n{result.stdout}"
             assert float(row[1]) > 0 and float(row[2]) > 0
+    assert "WRONG" not in result.stdout
 
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from PIL import Image
 
     with Image.open(png) as image:
-        assert image.width > 400 and image.height > 200
+        assert image.width > 400 and image.height > 400  # a panel per op
         assert len(image.convert("L").getcolors(1 << 16) or []) > 10  # drawn, not blank
 
     report = json.loads(data.read_text())
     assert report["machine"]["onnxruntime"] and report["machine"]["cores"] >= 1
-    assert {(tuple(r["shape"]), r["impl"]) for r in report["rows"]} == {
-        (s, i) for s in ((8, 64), (4, 256)) for i in ("rmsnorm_onnx", "decomposed", "copy")
+    assert {(r["op"], tuple(r["shape"]), r["impl"]) for r in report["rows"]} == {
+        (op, s, i) for s in ((8, 64), (4, 256)) for op, i in expected
     }
-    assert all(r["gbps"] > 0 for r in report["rows"])
+    assert all(r["gbps"] > 0 and r["correct"] is True for r in report["rows"])
+
+
+def test_bench_one_op_and_its_targets() -> None:
+    result = run_cli(
+        "bench", "--op", "skip", "--shapes", "2x128", "--dtypes", "float16", "--impl",
+        "SkipSimplifiedLayerNormalization", "--repeat", "3", "--budget", "0.01",
+        "--check-targets",
+    )  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr  # 1: a target missed, timing on 2 rows
+    rows = [line.split()[:4] for line in result.stdout.splitlines() if line.startswith("skip")]
+    assert rows == [
+        ["skip", "2x128", "float16", "rmsnorm_onnx"],
+        ["skip", "2x128", "float16", "SkipSimplifiedLayerNormalization"],
+    ]
+    graded = re.findall(r"^  (met   |MISSED)  skip 2x128 float16: not slower than (\S+)",
+                        result.stdout, re.M)  # fmt: skip
+    assert [g[1] for g in graded] == ["SkipSimplifiedLayerNormalization"]
+    assert result.returncode == (0 if graded[0][0] == "met   " else 1)
+
+
+def test_bench_impl_of_another_op_is_a_usage_error() -> None:
+    result = run_cli("bench", "--op", "skip", "--impl", "LayerNormalization", "--shapes", "2x8")
+    assert result.returncode == 2
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and "are not ones of the ops skip" in lines[0]
 
 
 def test_bench_bad_shape_is_a_usage_error() -> None:
@@ -55,14 +89,21 @@ def test_bench_plot_into_missing_folder_is_a_usage_error(tmp_path: Path) -> None
     assert "does not exist" in error_lines(result.stderr)[0]
 
 
-def test_cli_spells_the_library_defaults() -> None:
-    # cli/bench.py copies these so that --help does not import numpy/onnx through rmsnorm_onnx.bench
+def test_help_is_the_benchmark_table() -> None:
+    # one table serves the CLI and the library: --help lists what a run would time
     from rmsnorm_onnx import bench
     from rmsnorm_onnx.cli import bench as cli_bench
 
-    assert cli_bench.IMPLS == bench.IMPLS
     parser = cli_bench.add_parser(argparse.ArgumentParser().add_subparsers())
     options = {a.dest: a for a in parser._actions}
     assert options["dtypes"].default == ",".join(bench.DEFAULT_DTYPES)
-    shapes = ",".join("x".join(map(str, s)) for s in bench.DEFAULT_SHAPES)
-    assert f"(default: {shapes})" in " ".join(options["shapes"].help.split())
+    assert tuple(options["op"].choices) == tuple(bench.OPS)
+    assert tuple(options["impl"].choices) == bench.ALL_IMPLS
+    help_text = run_cli("bench", "--help").stdout
+    for op in bench.OPS.values():
+        shapes = ",".join("x".join(map(str, s)) for s in op.shapes)
+        assert f"--op {op.name}: {op.title}; default shapes {shapes}" in " ".join(help_text.split())
+        for impl in op.impls:
+            assert re.search(
+                rf"^  {re.escape(impl.name)} +{re.escape(impl.help)}$", help_text, re.M
+            )

@@ -122,6 +122,26 @@ def _out_of_order(path: Path) -> None:
     path.write_bytes(model.SerializeToString())
 
 
+def _input_twice(path: Path) -> None:
+    model = build(Variant())
+    model.graph.input.append(model.graph.input[0])
+    path.write_bytes(model.SerializeToString())
+
+
+def _node_redefines_input(path: Path) -> None:
+    """The last node writes 'x', the graph input: onnx-ir failed on it ('unexpected SerdeError')."""
+    model = build(Variant())
+    model.graph.node[-1].output[0] = "x"
+    model.graph.output[0].name = "x"
+    path.write_bytes(model.SerializeToString())
+
+
+def _two_nodes_one_output(path: Path) -> None:
+    model = build(Variant())
+    model.graph.node[1].output[0] = model.graph.node[0].output[0]
+    path.write_bytes(model.SerializeToString())
+
+
 BAD_INPUTS = {
     "missing": (None, 1, "no such file"),
     "corrupt": (_corrupt, 1, "not a readable ONNX model"),
@@ -130,6 +150,9 @@ BAD_INPUTS = {
     "unsupported-opset": (_opset_99, 1, "unsupported opset 99"),
     "no-default-opset": (_no_default_opset, 1, "no default-domain"),
     "out-of-order": (_out_of_order, 1, "which no input, initializer or earlier node defines"),
+    "input-twice": (_input_twice, 1, "input 'x' is declared twice"),
+    "node-redefines-input": (_node_redefines_input, 1, "defines 'x', which is already defined"),
+    "two-nodes-one-output": (_two_nodes_one_output, 1, "which is already defined there"),
 }
 
 

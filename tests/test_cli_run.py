@@ -250,3 +250,49 @@ def test_missing_library_is_a_clear_error(fused: Path, tmp_path: Path, monkeypat
     assert error_lines(result.stderr)[-1] == (
         f"rmsnorm-onnx: error: RMSNORM_ONNX_LIBRARY={tmp_path / 'nope.so'}: no such file"
     )
+
+
+_HUGE = "9" * 30
+BAD_OPTIONS = {
+    "threads-4000": (["--threads", "4000"], "argument --threads: 4000: at most"),
+    "threads-negative": (["--threads", "-1"], "argument --threads: -1: must be >= 0"),
+    "seed-negative": (["--seed", "-1"], "argument --seed: -1: must be >= 0"),
+    "dims-100000": (
+        ["--dim", "batch=100000", "--dim", "seq=100000"],
+        "random inputs would take 2,560 GB (largest: x float32[100000, 100000, 64]), more than "
+        "the limit of 4 GB; give smaller --dim/--shape values, or raise the limit with "
+        "--max-input-gb",
+    ),
+    "shape-huge": (["--shape", f"x={_HUGE}x1x64"], "more than the limit of 4 GB"),
+    "shape-huge-empty": (["--shape", f"x=0x{_HUGE}x64"], "is too large for an array"),
+    "limit-lowered": (
+        ["--dim", "batch=1000", "--dim", "seq=100", "--max-input-gb", "0.01"],
+        "random inputs would take 0.0256 GB",
+    ),
+    "limit-zero": (["--max-input-gb", "0"], "argument --max-input-gb: 0: must be a number > 0"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_OPTIONS), ids=list(BAD_OPTIONS))
+def test_bad_run_options_are_specific_one_line_errors(decomposed: Path, capsys, case: str) -> None:
+    """Issue 11 §9: each was an 'unexpected ...' error, a hang (4000 threads) or an attempt to
+    allocate terabytes; now a usage error that says what to change, before any allocation."""
+    from rmsnorm_onnx.cli.main import main
+
+    args, message = BAD_OPTIONS[case]
+    assert main(["run", str(decomposed), "--repeat", "1", "--warmup", "0", *args]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert message in lines[-1], lines
+    assert "unexpected" not in lines[-1]
+    if not message.startswith("argument"):  # argparse prints its usage first
+        assert len(lines) == 1, lines
+
+
+def test_threads_and_input_limit_within_bounds_run(decomposed: Path, capsys) -> None:
+    from rmsnorm_onnx.cli import argtypes
+    from rmsnorm_onnx.cli.main import main
+
+    assert argtypes.max_threads() >= 64
+    args = ["--threads", str(argtypes.max_threads()), "--dim", "batch=1000", "--dim", "seq=100"]
+    assert main(["run", str(decomposed), "--repeat", "1", "--max-input-gb", "0.03", *args]) == 0
+    assert "float32[1000, 100, 64]" in capsys.readouterr().out

@@ -125,3 +125,31 @@ def test_view_bad_file_is_one_line_exit_1(tmp_path: Path, kind: str) -> None:
     assert result.returncode == 1
     lines = error_lines(result.stderr)
     assert len(lines) == 1 and lines[0].startswith(f"rmsnorm-onnx: error: {path}: ")
+
+
+def _text(path: Path) -> None:
+    path.write_text("this is a README, not a model\n" * 20)
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(bytes(range(256)) * 8)
+
+
+def _truncated(path: Path) -> None:
+    data = decomposed_rmsnorm_model(path).read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize(
+    "make", [_text, _garbage, _truncated], ids=["text", "garbage", "truncated"]
+)
+def test_view_refuses_what_is_not_onnx_before_serving(tmp_path: Path, make) -> None:
+    """Issue 11 §10: these were served to Netron without a word."""
+    path = tmp_path / "m.onnx"
+    make(path)
+    result = run_cli("view", path, "--no-browser", timeout=60)  # a server would not return
+    assert result.returncode == 1
+    assert "Serving" not in result.stdout
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"rmsnorm-onnx: error: {path}: "), lines
+    assert "not a readable ONNX model" in lines[0] or "holds no graph" in lines[0], lines

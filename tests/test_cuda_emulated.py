@@ -7,7 +7,8 @@ block runs the kernel's own control flow, ``__syncthreads`` is a real barrier, w
 access not aligned to its size -- a GPU faults on a misaligned 16-byte load). The launch
 configuration is the one ``rmsnorm.cu`` chooses: the same C++ function, exposed here too.
 
-Expected values come from ``reference.rms_norm``, tolerances from ``reference.tolerance``.
+Expected values come from ``reference.rms_norm``, tolerances from ``reference.tolerance``. The
+SkipRMSNorm kernels (the same body) are tested in test_cuda_emulated_skip.py.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from cuda_emulator import (
 
 from rmsnorm_onnx import reference
 
-# The issue's hidden sizes, plus 100/200/300, which reach the 2- and 4-vector warp kernels.
-HIDDEN = (1, 3, 31, 32, 33, 100, 200, 300, 1023, 1024, 4097, 8192, 65536)
+# The issue's hidden sizes, plus 100/200/300 (Generic warp kernels) and 512 (16-bit rows of 2
+# vectors per lane: the 2-vector warp kernels).
+HIDDEN = (1, 3, 31, 32, 33, 100, 200, 300, 512, 1023, 1024, 4097, 8192, 65536)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -95,45 +97,102 @@ MISALIGNED_HIDDEN = (1, 3, 31, 33, 100, 1023, 4097, 8192, 65536)
 HIDDEN_CASES = [(d, h) for d in DTYPES for h in HIDDEN]
 LAYOUT_CASES = [(d, h, lay) for d in DTYPES for h in MISALIGNED_HIDDEN for lay in LAYOUTS[1:]]
 
-# Device profiles: 65536 fp16/bf16 rows (128 KB) fit the shared memory of sm_80/sm_90, not of
-# sm_75/sm_86/sm_89 (the kernel reads X twice there); 16384 fp32 rows (64 KB) miss sm_75's.
+# Device profiles: a long row keeps 2 vectors per thread in registers (32 KB over 1024 threads;
+# 16 KB over Generic's 512) and parks the rest in shared memory where the device has enough; else
+# the rest is read again. 65536 fp16/bf16 rows (128 KB) fit sm_80/86/89/90, fp32 (256 KB) sm_90.
 DEVICE_CASES = [
     (d, h, dev, lay)
-    for dev in ("sm_75", "sm_80", "sm_86")
-    for d, h in (("float16", 65536), ("bfloat16", 65536), ("float32", 16384))
+    for dev in ("sm_75", "sm_80", "sm_86", "sm_90")
+    for d, h in (("float16", 65536), ("bfloat16", 65536), ("float32", 65536), ("float32", 16384))
     for lay in (LAYOUTS[0], LAYOUTS[2])
 ]
 
 
-def case_configs(emu: Emulator) -> Iterator[tuple[str, Config]]:
-    """The configuration of every case that runs the kernel below."""
+def case_configs(emu: Emulator, skip: bool) -> Iterator[tuple[str, Config]]:
+    """The configuration of every case below (with `skip`: of the same cases in
+    test_cuda_emulated_skip.py, which runs these hidden sizes with every kind of scale/bias and
+    X, skip, Y, S misaligned alike or not)."""
 
-    def config(dtype: str, rows: int, cols: int, lay: Layout, device: str = DEFAULT_DEVICE):
+    def config(dtype: str, cols: int, lay: Layout, kind: str, device: str = DEFAULT_DEVICE):
         size = DTYPES[dtype].itemsize
+        extra = {"skip_addr": (1 << 22) + lay.x * size} if skip else {}
+        if kind != "none":
+            extra["scale_addr"] = (1 << 20) + lay.params * size
+            extra["scale_dtype"] = "float32" if kind == "scale_f32" else dtype
+        if kind == "scale_bias":
+            extra["bias_addr"] = (1 << 21) + lay.params * size
         return emu.config(
-            dtype, rows, cols, x_addr=4096 + lay.x * size, y_addr=8192 + lay.y * size, device=device
+            dtype,
+            rows_for(cols),
+            cols,
+            x_addr=4096 + lay.x * size,
+            y_addr=8192 + lay.y * size,
+            device=device,
+            **extra,
         )
 
     for d, h in HIDDEN_CASES:
-        yield d, config(d, rows_for(h), h, LAYOUTS[0])
+        for kind in PARAM_KINDS:
+            yield d, config(d, h, LAYOUTS[0], kind)
     for d, h, lay in LAYOUT_CASES:
-        yield d, config(d, rows_for(h), h, lay)
+        yield d, config(d, h, lay, "scale_bias")
     for d, h, dev, lay in DEVICE_CASES:
-        yield d, config(d, 2, h, lay, dev)
+        yield d, config(d, h, lay, "scale", dev)
+
+
+def compiled_kernels(skip: bool) -> set[tuple]:
+    """dispatch.h's instantiations: (dtype, vec, mode, items, family, skip)."""
+    out = set()
+    for d, size in (("float32", 4), ("float16", 2), ("bfloat16", 2)):
+        families = ("no_scale", "scale_same") + (("scale_f32",) if size == 2 else ())
+        for f in families:
+            for mode, items in (("warp", 1), ("warp", 2), ("block", 2)):
+                out.add((d, 16 // size, mode, items, f, skip))
+        for vec in (1, 16 // size):
+            for mode in ("warp", "block"):
+                out.add((d, vec, mode, 2, "generic", skip))
+    return out
+
+
+@pytest.mark.parametrize("skip", [False, True], ids=["RMSNorm", "SkipRMSNorm"])
+def test_cases_reach_every_kernel_emulated(emu, skip):
+    """The runs, together, execute every kernel instantiation rmsnorm.cu compiles."""
+    reached = {(d, c.vec, c.mode, c.items, c.family, c.skip) for d, c in case_configs(emu, skip)}
+    compiled = compiled_kernels(skip)
+    assert len(compiled) == 36  # test_cuda_build.py: 72 kernels per architecture, both ops
+    assert reached == compiled, f"never run: {sorted(compiled - reached)}"
 
 
 # ----------------------------------------------------------------------------- kernel runs
 
 
+# scale/bias as the specialized kernels take them (or, with a bias, the Generic kernels)
+PARAM_KINDS = ("scale_bias", "scale", "scale_f32", "none")
+
+
+def make_params(rng, hidden: int, dt: np.dtype, kind: str, offset: int = 0) -> tuple:
+    s, b = params(rng, (hidden,))
+    if kind == "scale_bias":
+        return filled(s, dt, offset), filled(b, dt, offset)
+    if kind == "scale":
+        return filled(s, dt, offset), None
+    if kind == "scale_f32":
+        return filled(s, np.dtype(np.float32), offset), None
+    return None, None
+
+
+@pytest.mark.parametrize("kind", PARAM_KINDS)
 @pytest.mark.parametrize(
     ("dtype", "hidden"), HIDDEN_CASES, ids=[f"{d}-h{h}" for d, h in HIDDEN_CASES]
 )
-def test_hidden_sizes_emulated(emu, rng, dtype, hidden):
+def test_hidden_sizes_emulated(emu, rng, dtype, hidden, kind):
     dt = DTYPES[dtype]
     x = filled(data(rng, (rows_for(hidden), hidden)), dt)
-    scale, bias = (filled(p, dt) for p in params(rng, (hidden,)))
-    y, _ = normalize(emu, x, -1, scale, bias)
+    scale, bias = make_params(rng, hidden, dt, kind)
+    y, config = normalize(emu, x, -1, scale, bias)
     assert_matches(y, x, -1, scale, bias)
+    # rows of whole 16-byte vectors without a bias get a specialized kernel
+    assert (config.family == "generic") == (kind == "scale_bias" or hidden * dt.itemsize % 16 != 0)
 
 
 @pytest.mark.parametrize(
@@ -260,7 +319,7 @@ GRID_CASES = [(d, h) for d in DTYPES for h in (31, 1024, 8192, 65536)]
 def test_blocks_stride_over_rows_emulated(emu, rng, dtype, hidden):
     """A grid smaller than the rows (as past gridDim.x's limit): blocks loop over rows."""
     dt = DTYPES[dtype]
-    rows = 11 if hidden < 8192 else 5
+    rows = 200 if hidden < 64 else 11 if hidden < 8192 else 5  # > 2 blocks of rows
     x = filled(data(rng, (rows, hidden)), dt)
     scale, bias = (filled(p, dt) for p in params(rng, (hidden,)))
     y, config = normalize(emu, x, -1, scale, bias, max_grid=2)
@@ -268,21 +327,28 @@ def test_blocks_stride_over_rows_emulated(emu, rng, dtype, hidden):
     assert_matches(y, x, -1, scale, bias)
 
 
-SCHEDULE_CASES = [(d, h, seed) for d in DTYPES for h in (200, 4097, 65536) for seed in (1, 2, 3)]
+SCHEDULE_CASES = [
+    (d, h, seed, kind)
+    for d in DTYPES
+    for h in (64, 200, 512, 4097, 65536)
+    for seed in (1, 2, 3)
+    for kind in ("scale_bias", "scale")
+]
 
 
 @pytest.mark.parametrize(
-    ("dtype", "hidden", "seed"),
+    ("dtype", "hidden", "seed", "kind"),
     SCHEDULE_CASES,
-    ids=[f"{d}-h{h}-seed{s}" for d, h, s in SCHEDULE_CASES],
+    ids=[f"{d}-h{h}-seed{s}-{k}" for d, h, s, k in SCHEDULE_CASES],
 )
-def test_random_thread_schedules_emulated(emu, rng, dtype, hidden, seed):
+def test_random_thread_schedules_emulated(emu, rng, dtype, hidden, seed, kind):
     """Warps drifting apart by many barrier phases (seeded random interleaving), while each block
-    strides over several rows: the reductions' shared slots must be safe to reuse row after row."""
+    strides over several rows: the reductions' shared slots must be safe to reuse row after row,
+    and the rows sharing a warp must not mix (Generic and specialized kernels)."""
     dt = DTYPES[dtype]
-    rows = 4 if hidden >= 65536 else 9
+    rows = 4 if hidden >= 65536 else 40
     x = filled(data(rng, (rows, hidden)), dt)
-    scale, bias = (filled(p, dt) for p in params(rng, (hidden,)))
+    scale, bias = make_params(rng, hidden, dt, kind)
     y, _ = normalize(emu, x, -1, scale, bias, max_grid=1, seed=seed)
     assert_matches(y, x, -1, scale, bias)
 
@@ -295,30 +361,17 @@ def test_random_thread_schedules_emulated(emu, rng, dtype, hidden, seed):
 def test_device_shared_memory_limits_emulated(emu, rng, dtype, hidden, device, layout):
     dt = DTYPES[dtype]
     x = filled(data(rng, (2, hidden)), dt, layout.x)
-    scale, bias = (filled(p, dt) for p in params(rng, (hidden,)))
-    y, config = normalize(emu, x, -1, scale, bias, y_offset=layout.y, device=device)
-    assert config.mode in ("block_shared", "block_reread")
-    assert (config.mode == "block_shared") == (hidden * dt.itemsize <= DEVICES[device])
-    assert_matches(y, x, -1, scale, bias)
-
-
-def test_cases_reach_every_kernel_emulated(emu):
-    """The runs above, together, execute every kernel instantiation rmsnorm.cu compiles."""
-    compiled = {
-        (d, vec, mode, items)
-        for d, size in (("float32", 4), ("float16", 2), ("bfloat16", 2))
-        for vec in (1, 16 // size)
-        for mode, items in (
-            ("warp_registers", 1),
-            ("warp_registers", 2),
-            ("warp_registers", 4),
-            ("block_registers", 4),
-            ("block_shared", 0),
-            ("block_reread", 0),
-        )
-    }
-    reached = {(d, c.vec, c.mode, c.items) for d, c in case_configs(emu)}
-    assert reached == compiled, f"never run: {sorted(compiled - reached)}"
+    scale = filled(params(rng, (hidden,))[0], dt)
+    y, config = normalize(emu, x, -1, scale, y_offset=layout.y, device=device)
+    assert_matches(y, x, -1, scale)
+    in_registers = config.items * config.threads * 16  # bytes: full vectors (aligned layout)
+    if config.vec == 1:
+        in_registers = config.items * config.threads * dt.itemsize
+    fits = hidden * dt.itemsize - in_registers <= DEVICES[device]
+    assert config.mode == "block" and config.smem_bytes <= DEVICES[device]
+    # read once from memory where registers and shared memory hold the row, else a second time
+    # for what they do not hold
+    assert (config.row_data_bytes == x.nbytes) == fits, config
 
 
 # ----------------------------------------------------------------------------- the checks
@@ -359,35 +412,65 @@ def test_parameter_checks_emulated(emu, change, message):
 
 
 def test_config_table_emulated(emu):
-    """The configurations of the common shapes (16-byte aligned X and Y on sm_90)."""
+    """The configurations of the common shapes (16-byte aligned X, Y and scale on sm_90)."""
     got = {
-        (d, h): emu.config(d, 4096, h)
-        for d in ("float32", "float16")
-        for h in (64, 128, 768, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+        (d, h): emu.config(d, 4096, h, x_addr=4096, y_addr=8192, scale_addr=1 << 20)
+        for d in ("float32", "bfloat16")
+        for h in (64, 128, 256, 768, 1024, 4096, 8192, 16384, 65536)
     }
-    short = {k: (c.mode, c.threads, c.vec, c.items) for k, c in got.items()}
+    short = {k: (c.mode, c.family, c.lanes, c.items, c.rows_per_block) for k, c in got.items()}
     assert short == {
-        ("float32", 64): ("warp_registers", 128, 4, 1),
-        ("float32", 128): ("warp_registers", 128, 4, 1),
-        ("float32", 768): ("block_registers", 64, 4, 4),
-        ("float32", 1024): ("block_registers", 64, 4, 4),
-        ("float32", 2048): ("block_registers", 128, 4, 4),
-        ("float32", 4096): ("block_registers", 256, 4, 4),
-        ("float32", 8192): ("block_registers", 512, 4, 4),
-        ("float32", 16384): ("block_shared", 1024, 4, 0),
-        ("float32", 32768): ("block_shared", 1024, 4, 0),
-        ("float32", 65536): ("block_reread", 1024, 4, 0),
-        ("float16", 64): ("warp_registers", 128, 8, 1),
-        ("float16", 128): ("warp_registers", 128, 8, 1),
-        ("float16", 768): ("warp_registers", 128, 8, 4),
-        ("float16", 1024): ("warp_registers", 128, 8, 4),
-        ("float16", 2048): ("block_registers", 64, 8, 4),
-        ("float16", 4096): ("block_registers", 128, 8, 4),
-        ("float16", 8192): ("block_registers", 256, 8, 4),
-        ("float16", 16384): ("block_registers", 512, 8, 4),
-        ("float16", 32768): ("block_shared", 1024, 8, 0),
-        ("float16", 65536): ("block_shared", 1024, 8, 0),
+        ("float32", 64): ("warp", "scale_same", 16, 1, 8),
+        ("float32", 128): ("warp", "scale_same", 32, 1, 4),
+        ("float32", 256): ("warp", "scale_same", 32, 2, 4),
+        ("float32", 768): ("block", "scale_same", 128, 2, 1),
+        ("float32", 1024): ("block", "scale_same", 128, 2, 1),
+        ("float32", 4096): ("block", "scale_same", 512, 2, 1),
+        ("float32", 8192): ("block", "scale_same", 1024, 2, 1),
+        ("float32", 16384): ("block", "scale_same", 1024, 2, 1),
+        ("float32", 65536): ("block", "scale_same", 1024, 2, 1),
+        ("bfloat16", 64): ("warp", "scale_same", 8, 1, 16),
+        ("bfloat16", 128): ("warp", "scale_same", 16, 1, 8),
+        ("bfloat16", 256): ("warp", "scale_same", 32, 1, 4),
+        ("bfloat16", 768): ("block", "scale_same", 64, 2, 1),
+        ("bfloat16", 1024): ("block", "scale_same", 64, 2, 1),
+        ("bfloat16", 4096): ("block", "scale_same", 256, 2, 1),
+        ("bfloat16", 8192): ("block", "scale_same", 512, 2, 1),
+        ("bfloat16", 16384): ("block", "scale_same", 1024, 2, 1),
+        ("bfloat16", 65536): ("block", "scale_same", 1024, 2, 1),
     }
+    # past the registers' 2 x 1024 vectors, the rest of the row in shared memory
+    assert got["float32", 8192].smem_bytes == 0
+    assert got["float32", 16384].smem_bytes == (4096 - 2048) * 16
+    assert got["float32", 65536].smem_bytes == (16384 - 2048) * 16 <= DEVICES["sm_90"]
+    assert got["bfloat16", 65536].smem_bytes == (8192 - 2048) * 16
+
+
+FAMILY_CASES = [
+    # (what changes from the aligned bf16 launch with a bf16 scale, expected family)
+    ({}, "scale_same"),
+    ({"scale_dtype": "float32"}, "scale_f32"),
+    ({"scale_addr": 0}, "no_scale"),
+    ({"bias_addr": 1 << 21}, "generic"),  # a bias: Generic
+    ({"scale_pair": (1, 64)}, "generic"),  # a broadcast scale
+    ({"scale_addr": (1 << 20) + 2}, "generic"),  # scale not 16-byte aligned
+    ({"x_addr": 4096 + 2, "y_addr": 8192 + 2}, "generic"),  # rows not 16-byte aligned
+    ({"cols": 4100}, "generic"),  # rows of a partial vector
+    ({"skip_addr": 1 << 22}, "scale_same"),
+    ({"skip_addr": (1 << 22) + 2}, "generic"),  # skip misaligned unlike X: vec 1
+    ({"skip_addr": 1 << 22, "sum_addr": (1 << 23) + 8}, "generic"),
+]
+
+
+@pytest.mark.parametrize(("change", "family"), FAMILY_CASES, ids=[f for _, f in FAMILY_CASES])
+def test_config_family_emulated(emu, change, family):
+    """The specialized kernels only where every pointer and row is 16-byte aligned, no bias and
+    a contiguous scale; Generic for everything else."""
+    args = {"x_addr": 4096, "y_addr": 8192, "scale_addr": 1 << 20, "cols": 4096, **change}
+    cols = args.pop("cols")
+    c = emu.config("bfloat16", 64, cols, **args)
+    assert c.family == family
+    assert c.skip == ("skip_addr" in change)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -395,11 +478,24 @@ def test_config_vector_width_emulated(emu, dtype):
     size = DTYPES[dtype].itemsize
     full = 16 // size
     assert full == (4 if dtype == "float32" else 8)
-    assert emu.config(dtype, 8, 4096, x_addr=256, y_addr=1024).vec == full
+
+    def vec(**addrs):
+        return emu.config(dtype, 8, 4096, **addrs).vec
+
+    assert vec(x_addr=256, y_addr=1024) == full
     # both one element past a boundary: rows get a scalar head, then full vectors
-    assert emu.config(dtype, 8, 4096, x_addr=256 + size, y_addr=1024 + size).vec == full
-    assert emu.config(dtype, 8, 4096, x_addr=256 + size, y_addr=1024).vec == 1
-    assert emu.config(dtype, 8, 4096, x_addr=256, y_addr=1024 + 8).vec == 1
+    assert vec(x_addr=256 + size, y_addr=1024 + size) == full
+    assert vec(x_addr=256 + size, y_addr=1024) == 1
+    assert vec(x_addr=256, y_addr=1024 + 8) == 1
+    # SkipRMSNorm: skip and S must be misaligned like X too
+    assert vec(x_addr=256, y_addr=1024, skip_addr=2048, sum_addr=4096) == full
+    assert vec(x_addr=256, y_addr=1024, skip_addr=2048 + size) == 1
+    assert vec(x_addr=256, y_addr=1024, skip_addr=2048, sum_addr=4096 + size) == 1
+    # a broadcast skip of rows that are not whole vectors: row r and r % skip_rows are
+    # misaligned differently
+    odd = emu.config(dtype, 8, 4097, x_addr=256, y_addr=1024, skip_addr=2048, skip_rows=2)
+    assert odd.vec == 1
+    assert emu.config(dtype, 8, 4097, x_addr=256, y_addr=1024, skip_addr=2048).vec == full
 
 
 def _sweep_cols() -> list[int]:
@@ -412,14 +508,19 @@ def _sweep_cols() -> list[int]:
 @pytest.mark.parametrize("device", list(DEVICES))
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_config_limits_emulated(emu, dtype, device):
-    """Across widths: legal blocks, a register cache that ptxas keeps without spilling, shared
-    memory within the device's limit, rows fully covered, modes in order of row size."""
+    """Across widths: legal blocks, lanes that all have a vector, shared memory within the
+    device's limit, modes in order of row size."""
     size = DTYPES[dtype].itemsize
     for misaligned in (False, True):
         last_mode = 0
         for cols in _sweep_cols():
             c = emu.config(
-                dtype, 10, cols, x_addr=4096 + misaligned * size, y_addr=8192, device=device
+                dtype,
+                10,
+                cols,
+                x_addr=4096 + misaligned * size,
+                y_addr=8192,
+                device=device,
             )
             where = f"{dtype} cols={cols} misaligned={misaligned}: {c}"
             assert c.threads % 32 == 0 and 32 <= c.threads <= 1024, where
@@ -428,25 +529,194 @@ def test_config_limits_emulated(emu, dtype, device):
             mode = MODES.index(c.mode)
             assert mode >= last_mode, where
             last_mode = mode
-            if c.mode == "warp_registers":
-                assert (c.threads, c.rows_per_block, c.smem_bytes) == (128, 4, 0), where
-                assert c.items in (1, 2, 4) and c.items * 32 >= vectors, where
-                assert c.items == 1 or (c.items // 2) * 32 < vectors, where  # no idle items
-            elif c.mode == "block_registers":
-                assert c.threads <= 512 and c.items == 4 and c.smem_bytes == 0, where
-                assert c.threads * 4 >= vectors > c.threads * 2, where
-            elif c.mode == "block_shared":
-                assert vectors > 512 * 4, where
-                assert c.smem_bytes == vectors * c.vec * size <= DEVICES[device], where
+            if c.mode == "warp":
+                assert c.threads == 128 and c.smem_bytes == 0, where
+                assert c.rows_per_block * c.lanes == 128 and 1 <= c.lanes <= 32, where
+                assert c.items * c.lanes >= vectors, where
+                # no idle lane: as many lanes as vectors (a power of two; Generic: at least vec,
+                # for its head and tail scalars)
+                need = -(-vectors // c.items)
+                floor = c.vec if c.family == "generic" else 1
+                assert c.lanes == min(32, max(1 << max(need - 1, 0).bit_length(), floor)), where
             else:
-                assert vectors * c.vec * size > DEVICES[device], where
-            assert c.register_words <= 16, where  # launch_config.h: kMaxRegisterCacheWords
+                assert c.rows_per_block == 1 and c.lanes == c.threads >= 64, where
+                assert c.threads <= (1024 if c.family != "generic" else 512), where
+                held = c.items * c.threads
+                assert held >= vectors or c.threads == (512 if c.family == "generic" else 1024)
+                assert c.smem_bytes <= DEVICES[device], where
+                assert c.smem_bytes // (c.vec * size) <= max(vectors - held, 0), where
             assert c.grid == -(-10 // c.rows_per_block), where
 
 
 def test_config_grid_emulated(emu):
-    assert emu.config("float16", 10, 64).grid == 3  # 4 rows per block in warp mode
-    assert emu.config("float16", 10, 8192).grid == 10
-    assert emu.config("float16", 2**40, 8192).grid == MAX_GRID  # then blocks stride over rows
-    assert emu.config("float16", 2**40, 64).grid == MAX_GRID
-    assert emu.config("float16", 100, 8192, max_grid=7).grid == 7
+    aligned = {"x_addr": 4096, "y_addr": 8192}
+    assert emu.config("float16", 10, 64, **aligned).grid == 1  # 16 rows per block: lanes 8
+    assert emu.config("float16", 40, 128, **aligned).grid == 5  # 8 rows per block
+    assert emu.config("float16", 10, 8192, **aligned).grid == 10
+    assert emu.config("float16", 2**40, 8192, **aligned).grid == MAX_GRID  # then blocks stride
+    assert emu.config("float16", 2**40, 64, **aligned).grid == MAX_GRID
+    assert emu.config("float16", 100, 8192, max_grid=7, **aligned).grid == 7
+
+
+# ----------------------------------------------------------------------------- lanes at work
+
+LANES_CASES = [(d, h) for d in ("bfloat16", "float32") for h in (64, 128, 256)]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "hidden"), LANES_CASES, ids=[f"{d}-h{h}" for d, h in LANES_CASES]
+)
+def test_lanes_load_row_data_emulated(emu, rng, dtype, hidden):
+    """Small rows (per-head q/k norms): at least 90 % of the launched threads load an element of
+    the row, as counted by the emulator (several rows per warp where a row has < 32 vectors)."""
+    dt = DTYPES[dtype]
+    x = filled(data(rng, (512, hidden)), dt)
+    scale, _ = make_params(rng, hidden, dt, "scale")
+    y, config = normalize(emu, x, -1, scale)
+    assert_matches(y, x, -1, scale)
+    assert config.threads_launched == config.grid * config.threads
+    assert config.threads_loading >= 0.9 * config.threads_launched, config
+    assert config.row_data_bytes == x.nbytes  # and the row is read once
+
+
+def test_lanes_count_idle_threads_emulated(emu, rng):
+    """The count can fail: 5 rows of fp32 hidden 128 (32 lanes a row, 4 rows per block) leave 3
+    of the second block's 4 warps without a row."""
+    dt = DTYPES["float32"]
+    x = filled(data(rng, (5, 128)), dt)  # 4 rows per block: the second block has 1 of 4 busy
+    _, config = normalize(emu, x)
+    assert config.threads_launched == 256 and config.threads_loading == 160
+
+
+# ----------------------------------------------------------------------------- long rows
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("seed", [0, 5])
+def test_long_rows_read_once_emulated(emu, rng, dtype, seed):
+    """Hidden 65536 on sm_90: 2 vectors per thread in registers, the rest in shared memory: each
+    element of X is loaded once, whatever the dtype."""
+    dt = DTYPES[dtype]
+    x = filled(data(rng, (2, 65536)), dt)
+    scale, _ = make_params(rng, 65536, dt, "scale")
+    y, config = normalize(emu, x, -1, scale, seed=seed, max_grid=1)
+    assert_matches(y, x, -1, scale)
+    assert config.mode == "block" and config.smem_bytes > 0
+    assert config.row_data_bytes == x.nbytes
+
+
+# ----------------------------------------------------------------------------- large values
+
+LARGE_CASES = [
+    ("float32", 1e20, 8),
+    ("float32", 1e20, 4096),
+    ("float32", 3e25, 65536),
+    ("float32", 1e30, 33),
+    ("float32", 1e38, 1000),  # near float32's largest (|x| up to ~1.4e38): 2^-126 scaling
+    ("bfloat16", 1e30, 128),
+    ("bfloat16", 1e30, 8192),
+    ("bfloat16", 1e25, 65536),
+    ("float16", 1e4, 4096),  # fp16 cannot overflow float32's sum: the ordinary path
+]
+
+
+@pytest.mark.parametrize("eps_outside", [False, True], ids=["inside", "outside"])
+@pytest.mark.parametrize(
+    ("dtype", "magnitude", "hidden"),
+    LARGE_CASES,
+    ids=[f"{d}-{m:g}-h{h}" for d, m, h in LARGE_CASES],
+)
+def test_large_values_rescaled_emulated(emu, rng, dtype, magnitude, hidden, eps_outside):
+    """A row whose float32 sum of squares overflows is normalized as the float64 reference does
+    (not to 0): summed again scaled by its largest magnitude. Ordinary rows beside it in the same
+    warp or grid keep the ordinary path."""
+    dt = DTYPES[dtype]
+    big = data(rng, (3, hidden)) * magnitude / 4
+    big[1] = data(rng, (hidden,))  # an ordinary row between two large ones
+    x = filled(big, dt)
+    scale, _ = make_params(rng, hidden, dt, "scale")
+    for seed in (0, 7):
+        y, _ = normalize(emu, x, -1, scale, eps_outside=eps_outside, seed=seed)
+        assert_matches(y, x, -1, scale, eps_outside=eps_outside)
+        assert np.abs(y[0].astype(np.float64)).max() > 0.1  # not the old all-zero row
+
+
+def test_large_values_with_inf_stay_as_reference_emulated(emu):
+    """An Inf in an overflowing row: no rescue (Inf/Inf is NaN there, 0 elsewhere)."""
+    x = filled(np.array([[1e30, -2e30, np.inf, 5e29] * 4, [1.0, 2.0, 3.0, 4.0] * 4]), F32)
+    y, _ = normalize(emu, x)
+    expected = reference.rms_norm(x)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(expected))
+    np.testing.assert_allclose(y[~np.isnan(y)], expected[~np.isnan(expected)], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- any address
+
+BYTE_OFFSETS = [(d, o) for d in DTYPES for o in range(1, 16)]
+POINTERS = [("RMSNorm", w) for w in ("x", "y", "scale", "bias")] + [
+    ("SkipRMSNorm", w) for w in ("x", "y", "skip", "sum", "scale", "bias")
+]
+
+
+@pytest.mark.parametrize(("op", "which"), POINTERS, ids=[f"{o}-{w}" for o, w in POINTERS])
+@pytest.mark.parametrize(
+    ("dtype", "offset"), BYTE_OFFSETS, ids=[f"{d}-{o}B" for d, o in BYTE_OFFSETS]
+)
+def test_any_byte_offset_emulated(emu, rng, dtype, offset, op, which):
+    """Each pointer at every byte offset from a 16-byte boundary (the others aligned): the right
+    answer where it is aligned to its element size, else a clear error (a GPU faults on such an
+    access); never a bad access (the emulator checks each one)."""
+    dt = DTYPES[dtype]
+    hidden, rows = 1000, 3
+
+    def place(name: str, values: np.ndarray) -> np.ndarray:
+        raw = np.zeros(values.size * dt.itemsize + 64, np.uint8)
+        start = (-raw.ctypes.data) % 16 + (offset if name == which else 0)
+        a = np.frombuffer(raw, dt, count=values.size, offset=start).reshape(values.shape)
+        a[...] = values.astype(dt)
+        return a
+
+    s_values, b_values = params(rng, (hidden,))
+    x = place("x", data(rng, (rows, hidden)))
+    scale, bias, y = place("scale", s_values), place("bias", b_values), place("y", x * 0)
+    kwargs = {}
+    if op == "SkipRMSNorm":
+        kwargs = {"skip": place("skip", data(rng, (rows, hidden))), "sum_out": place("sum", x * 0)}
+    if offset % dt.itemsize:
+        with pytest.raises(RuntimeError, match="not aligned to its element size"):
+            emu.run(x, y, scale, bias, **kwargs)
+        return
+    emu.run(x, y, scale, bias, seed=offset, **kwargs)
+    if op == "RMSNorm":
+        assert_matches(y, x, -1, scale, bias)
+        return
+    expected_y, expected_s = reference.skip_rms_norm(x, kwargs["skip"], scale, bias)
+    rtol, atol = reference.tolerance(dt)
+    np.testing.assert_allclose(y.astype(np.float64), expected_y, rtol=rtol, atol=atol)
+    np.testing.assert_array_equal(kwargs["sum_out"].astype(np.float64), expected_s)
+
+
+# ----------------------------------------------------------------------------- launch protocol
+
+
+def test_shared_limit_raised_once_per_kernel_emulated(emu):
+    """Bug: cudaFuncSetAttribute(MaxDynamicSharedMemorySize) ran on every launch with that
+    launch's size, and the attribute is process-wide: another thread could lower it between this
+    thread's set and launch, which then failed. Now it is raised once per kernel and device, to
+    the device's maximum (launcher.h, over a fake driver with CUDA's semantics)."""
+    raises, failures, limit = emu.shared_limit_race(threads=8, launches=2000, max_smem=200_000)
+    assert failures == 0
+    assert raises == 1
+    assert limit == 200_000
+
+
+def test_launch_reports_its_own_error_emulated(emu):
+    """Bug: cudaGetLastError after a launch returned an earlier, unrelated error as ours. Now the
+    launch's own status (cudaLaunchKernelEx) is reported, and a failure of ours does not linger
+    in the last-error slot for the next caller."""
+    message, pending = emu.stale_error(launch_error=0)
+    assert message == ""  # success, though an earlier error is pending
+    assert pending == 2  # someone else's: not ours to clear
+    message, pending = emu.stale_error(launch_error=3)
+    assert message == "fake driver: launch failed"
+    assert pending == 0

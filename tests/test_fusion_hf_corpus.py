@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 from rmsnorm_onnx.fusion import fuse  # noqa: E402
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "t5")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "phi3", "olmo2", "t5")
 EXPORTERS = ("dynamo", "torchscript")
 DTYPES = ("fp32", "fp16")
 TARGETS = ("custom", "contrib", "standard")
@@ -43,6 +43,10 @@ def _config(family: str):
         return transformers.Qwen3Config(head_dim=16, **common)
     if family == "gemma":
         return transformers.GemmaConfig(head_dim=16, **common)
+    if family == "phi3":
+        return transformers.Phi3Config(pad_token_id=0, **common)
+    if family == "olmo2":  # norms after attention and MLP, on q and k: no residual Add -> norm
+        return transformers.Olmo2Config(pad_token_id=0, **common)
     return transformers.T5Config(
         d_model=64, d_ff=128, num_layers=1, num_heads=4, d_kv=16, vocab_size=100
     )
@@ -93,6 +97,12 @@ def _norms_that_run(module, args) -> int:
 
 
 def _export(module, args, path: Path, exporter: str) -> None:
+    if exporter == "patched-fused":  # our export of the patched model, Adds left in front
+        from rmsnorm_onnx import export
+        from rmsnorm_onnx.torch_patch import patch
+
+        export(patch(module, inplace=False), args, path, rmsnorm="fused", fusion=False)
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
@@ -110,21 +120,25 @@ def _export(module, args, path: Path, exporter: str) -> None:
             )
 
 
+_CACHE: dict[tuple[str, str, str], tuple[Path, int]] = {}  # one export per test session
+
+
+def exported(tmp_path_factory, family: str, exporter: str, dtype: str) -> tuple[Path, int]:
+    """(path of the export, number of norms that run), exported once per session. Exporters:
+    ``dynamo``, ``torchscript``, and ``patched-fused`` (rmsnorm_onnx.export of the patched model
+    in fused mode, without its fusion pass: our RMSNorm nodes behind residual Adds)."""
+    key = (family, exporter, dtype)
+    if key not in _CACHE:
+        module, args = _module(family, "dynamo" if exporter == "patched-fused" else exporter, dtype)
+        path = tmp_path_factory.mktemp("hf_corpus") / f"{family}_{exporter}_{dtype}.onnx"
+        _export(module, args, path, exporter)
+        _CACHE[key] = (path, _norms_that_run(module, args))
+    return _CACHE[key]
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("hf_corpus")
-    cache: dict[tuple[str, str, str], tuple[Path, int]] = {}
-
-    def get(family: str, exporter: str, dtype: str) -> tuple[Path, int]:
-        key = (family, exporter, dtype)
-        if key not in cache:
-            module, args = _module(family, exporter, dtype)
-            path = folder / f"{family}_{exporter}_{dtype}.onnx"
-            _export(module, args, path, exporter)
-            cache[key] = (path, _norms_that_run(module, args))
-        return cache[key]
-
-    return get
+    return lambda family, exporter, dtype: exported(tmp_path_factory, family, exporter, dtype)
 
 
 @pytest.mark.slow

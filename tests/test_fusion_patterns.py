@@ -400,3 +400,61 @@ def test_rules_whose_pattern_is_hidden_are_tried_at_every_node(monkeypatch):
     assert [t for t in op_types(fused) if t != "Identity"] == ["RMSNorm"]
     inputs = feeds(v)
     np.testing.assert_allclose(run(fused, inputs)[0], expected(v, inputs), rtol=1e-5, atol=1e-5)
+
+
+def _unknown_rank_with(op_type: str, k: int, position: int, value: float):
+    """x's shape dropped; the constant at input ``position`` of the k-th ``op_type`` node becomes
+    a [1, 1] tensor of ``value`` (issue 11 §6)."""
+
+    def f(m):
+        m.graph.input[0].type.tensor_type.ClearField("shape")
+        _replace_init(m, _node(m, op_type, k).input[position], [[value]])
+
+    return f
+
+
+UNKNOWN_RANK_BROADCAST = {
+    "epsilon": (_unknown_rank_with("Add", 0, 1, 1e-5), Variant()),
+    "exponent": (_unknown_rank_with("Pow", 0, 1, 2.0), Variant()),
+    "one-of-div": (_unknown_rank_with("Div", 0, 0, 1.0), Variant(root="div-one")),
+    "pow-half": (_unknown_rank_with("Pow", 1, 1, -0.5), Variant(root="pow-half")),
+}
+
+
+@pytest.mark.parametrize("target", ["custom", "contrib", "standard"])
+@pytest.mark.parametrize("case", list(UNKNOWN_RANK_BROADCAST))
+def test_constant_that_could_add_dims_blocks_fusion_at_unknown_rank(case, target) -> None:
+    """A rank-1 x gives [1, 16] unfused; fusing would give [16] (issue 11 §6)."""
+    mutate, v = UNKNOWN_RANK_BROADCAST[case]
+    model = build(v)
+    mutate(model)
+    fused, report = fuse(model, target=target)
+    assert report.fused_count == 0, report.summary(verbose=True)
+    assert op_types(fused) == op_types(model)
+    [skip] = report.skipped
+    assert "rank is unknown: broadcasting could add dims" in skip.reason
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()  # as written: ORT's own norm fusion has the bug fixed here
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(fused.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal(16).astype(np.float32)
+    assert sess.run(None, {"x": x})[0].shape == (1, 16)
+
+
+def test_scale_that_could_add_dims_stays_outside_at_unknown_rank() -> None:
+    """A mean over every axis proves no rank: a [1, 1, 16] scale would broadcast x up."""
+    v = Variant(reduce="all", shape=(3, 16), axes=(-2, -1))
+    model = build(v)
+    model.graph.input[0].type.tensor_type.ClearField("shape")
+    mul = _node(model, "Mul", 1)
+    scale = next(i for i in mul.input if i.startswith("c_"))
+    _replace_init(model, scale, np.ones((1, 1, 16), np.float32))
+    fused, report = fuse(model)
+    assert report.fused_count == 1 and "Mul" in op_types(fused)
+    assert any("broadcasting could add dims" in n for n in report.notes), report.notes
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    want = run(model, {"x": x})[0]
+    got = run(fused, {"x": x})[0]
+    assert got.shape == want.shape == (1, 3, 16)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

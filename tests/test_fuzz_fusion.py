@@ -11,7 +11,8 @@ swapped Div, Sub for Add, ReduceSum for ReduceMean, the mean of another tensor).
 
 Property, for each target: after ``fuse`` either the node multiset is unchanged or the fused
 model equals the original in onnxruntime within ``reference.tolerance``; an unmutated chain
-must fuse (where the target can express it). Derandomized, no example database: CI runs the
+must fuse (raising does not depend on the target; what the target cannot express, lowering
+writes as plain ops). Derandomized, no example database: CI runs the
 same cases every time; the counts show in the terminal summary.
 """
 
@@ -323,14 +324,14 @@ def check_property(spec: Spec, target: str) -> None:
     fused, report = fuse(original, target=target)
     assert original.SerializeToString() == before, "fuse modified its input model"
     kind = "valid" if spec.valid else "mutant"
-    expressible = target == "custom" or spec.eps != "outside"
-    if spec.valid and expressible:
+    if spec.valid:
         assert report.fused_count == 1, f"{spec}\n{report.summary(verbose=True)}"
     if report.fused_count == 0:
         assert _node_multiset(fused) == _node_multiset(original), report.summary(verbose=True)
         COUNTS[target][f"{kind} unchanged"] += 1
         return
-    assert _fused_op_count(fused) == report.fused_count
+    plain = sum(n for k, n in report.converted.items() if k.endswith("plain ops"))
+    assert _fused_op_count(fused) + plain == report.fused_count, report.summary(verbose=True)
     inputs = feeds(original)
     want = _session(original, optimize=False).run(None, inputs)
     got = _session(fused, optimize=True).run(None, inputs)
@@ -359,6 +360,9 @@ def _report_counts(pytestconfig: pytest.Config):
     if MUTANTS:
         detail = ", ".join(f"{k} {v}" for k, v in sorted(MUTANTS.items()))
         record(pytestconfig, "fusion fuzz mutants (custom)", detail)
+    if RESIDUAL_COUNTS:
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(RESIDUAL_COUNTS.items()))
+        record(pytestconfig, "fusion fuzz residual Adds", detail)
 
 
 _SETTINGS = dict(
@@ -426,3 +430,75 @@ _NO_SCALE_OPSET_13 = Spec(
 @pytest.mark.parametrize("target", ["contrib", "standard"])
 def test_norm_without_scale_at_opset_13_fuses_into_a_valid_model(target: str) -> None:
     check_property(_NO_SCALE_OPSET_13, target)
+
+
+# Near misses of the residual Add in front of a norm (issue 10): a constant operand, a skip that
+# broadcasts where SkipRMSNorm does not accept it, the sum read before or after the norm or a
+# graph output, either operand order, fp32 and fp16 (Cast-wrapped). Fused exactly when
+# reference.skip_fits says the skip fits and both operands are activations, and then equal;
+# otherwise left alone with the reason. (Operands of different types are not valid ONNX: the
+# rule's own check is tested in test_fusion_skip.py.)
+SKIP_SHAPES = ((2, 3, 16), (3, 16), (1, 3, 16), (16,), (2, 1, 16), (1, 1, 16), (2, 3, 1), (1, 16))
+RESIDUAL_COUNTS: collections.Counter[str] = collections.Counter()
+
+
+@st.composite
+def residual_cases(draw: st.DrawFn):
+    from fusion_graphs import Residual, Variant
+
+    half = draw(st.booleans())
+    v = Variant(
+        dtype=np.float16 if half else np.float32,
+        cast="before-scale" if half else "none",
+        root=draw(st.sampled_from(["reciprocal", "div-one", "div", "pow-half"])),
+        scale=draw(st.sampled_from(["w", "none"])),
+    )
+    r = Residual(
+        skip_shape=draw(st.sampled_from(SKIP_SHAPES)),
+        skip_first=draw(st.booleans()),
+        constant=draw(st.booleans()),
+        read=draw(st.sampled_from(["none", "after", "before", "output"])),
+    )
+    return v, r
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_residual_near_misses_are_left_alone_or_still_equal(target: str) -> None:
+    @settings(max_examples=60 if target == "custom" else 25, **_SETTINGS)
+    @given(case=residual_cases())
+    def prop(case) -> None:
+        check_residual(case, target)
+
+    prop()
+
+
+def check_residual(case, target: str) -> None:
+    """Raising decides alike for every target; the target's form must still compute the same."""
+    from fusion_graphs import residual_feeds, with_residual
+
+    from rmsnorm_onnx.reference import skip_fits
+
+    v, r = case
+    original = with_residual(v, r)
+    fused, report = fuse(original, target=target)
+    fits = skip_fits(v.shape, r.skip_shape) or skip_fits(r.skip_shape, v.shape)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    kinds = collections.Counter(n.op_type for n in fused.graph.node)
+    if report.with_skip == 0:
+        assert not fits or r.constant, report.summary(verbose=True)
+        assert kinds["Add"] >= 1 and kinds["SkipRMSNorm"] == 0
+        [skip] = report.skipped
+        assert skip.reason.startswith("residual Add: ")
+        RESIDUAL_COUNTS[f"{target} left alone"] += 1
+    else:
+        assert fits and not r.constant, report.summary(verbose=True)
+        if target == "custom":
+            assert kinds["SkipRMSNorm"] == 1 and kinds["Add"] == 0
+        RESIDUAL_COUNTS[f"{target} fused"] += 1
+    inputs = residual_feeds(v, r)
+    want = _session(original, optimize=False).run(None, inputs)
+    got = _session(fused, optimize=True).run(None, inputs)
+    rtol, atol = tolerance(np.dtype(v.dtype).name)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol)

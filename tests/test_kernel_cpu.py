@@ -14,6 +14,7 @@ from kernel_models import (
     ORT_ERRORS,
     assert_matches,
     check_variant,
+    cpu_kernel,  # noqa: F401 (a fixture)
     make_model,
     quantize,
     run,
@@ -23,26 +24,6 @@ from onnx import helper
 
 from rmsnorm_onnx import reference
 from rmsnorm_onnx.runtime import session
-
-# The library has a portable row kernel and, on x86-64, an AVX2+FMA+F16C one picked at run time
-# that writes outputs beyond the private caches with non-temporal stores. Environment variables
-# read at session creation select them: RMSNORM_ONNX_CPU_KERNEL forces a kernel,
-# RMSNORM_ONNX_STREAM_MIN_BYTES=0 makes every output streamed (-1: none).
-CPU_KERNELS = {
-    "portable": {"RMSNORM_ONNX_CPU_KERNEL": "portable"},
-    "auto": {"RMSNORM_ONNX_STREAM_MIN_BYTES": "-1"},
-    "auto_streamed": {"RMSNORM_ONNX_STREAM_MIN_BYTES": "0"},
-}
-
-
-@pytest.fixture(params=list(CPU_KERNELS))
-def cpu_kernel(request, monkeypatch):
-    monkeypatch.delenv("RMSNORM_ONNX_CPU_KERNEL", raising=False)
-    monkeypatch.delenv("RMSNORM_ONNX_STREAM_MIN_BYTES", raising=False)
-    for name, value in CPU_KERNELS[request.param].items():
-        monkeypatch.setenv(name, value)
-    return request.param
-
 
 # (x shape, axis): awkward hidden sizes, every rank 1-4, axis negative/positive/0; the (64, 1024)
 # and (2, 65536) cases are big enough to go through ORT's thread pool.
@@ -61,7 +42,8 @@ SHAPES = [
 
 
 @pytest.mark.parametrize(("dtype", "variant", "shape", "axis"), variant_cases(SHAPES))
-def test_matches_reference(rng, cpu_kernel, dtype, variant, shape, axis):
+@pytest.mark.usefixtures("cpu_kernel")
+def test_matches_reference(rng, dtype, variant, shape, axis):
     check_variant(rng, dtype, variant, shape, axis)
 
 
@@ -72,7 +54,8 @@ BROADCASTS = [(), (1,), (5,), (4, 5), (4, 1), (3, 1, 1), (1, 4, 1), (3, 4, 1), (
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pshape", BROADCASTS, ids=lambda s: "scale" + "x".join(map(str, s)))
-def test_broadcast_scale_and_bias(rng, cpu_kernel, dtype, pshape):
+@pytest.mark.usefixtures("cpu_kernel")
+def test_broadcast_scale_and_bias(rng, dtype, pshape):
     x = quantize(rng.standard_normal((2, 3, 4, 5)), dtype)
     scale = quantize(rng.uniform(0.5, 2.0, pshape), dtype)
     bias = quantize(rng.standard_normal(pshape), dtype)
@@ -83,7 +66,8 @@ def test_broadcast_scale_and_bias(rng, cpu_kernel, dtype, pshape):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pshape", [(64,), (8, 64), (8, 1), (2, 1, 64)], ids=str)
-def test_constant_scale_and_bias(rng, cpu_kernel, dtype, pshape):
+@pytest.mark.usefixtures("cpu_kernel")
+def test_constant_scale_and_bias(rng, dtype, pshape):
     # initializers: half/bf16 values are converted to float32 once, at session creation
     x = quantize(rng.standard_normal((3, 2, 8, 64)), dtype)
     scale = quantize(rng.uniform(0.5, 1.5, pshape), dtype)
@@ -114,7 +98,8 @@ def test_golden_examples():
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_half_inputs_accumulate_in_float32(cpu_kernel, dtype):
+@pytest.mark.usefixtures("cpu_kernel")
+def test_half_inputs_accumulate_in_float32(dtype):
     # 60000^2 * 4096 overflows float16 (max 65504) and loses bf16 precision: only a float32
     # accumulation gets RMS = 60000 and Y = 1.
     x = quantize(np.full((2, 4096), 60000.0), dtype)
@@ -139,7 +124,8 @@ def test_empty_tensors(shape):
     assert y.shape == shape
 
 
-def test_non_finite_inputs_propagate(cpu_kernel):
+@pytest.mark.usefixtures("cpu_kernel")
+def test_non_finite_inputs_propagate():
     x = np.array([[1.0, np.inf, 2.0], [1.0, np.nan, 2.0], [1.0, 2.0, 3.0]], np.float32)
     y = run(make_model("float32"), x)
     assert np.isnan(y[0]).any() and np.isnan(y[1]).all()
@@ -187,7 +173,8 @@ def test_bias_only_output_is_typed_for_the_next_op(rng):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_output_rounding_is_exact(cpu_kernel, dtype):
+@pytest.mark.usefixtures("cpu_kernel")
+def test_output_rounding_is_exact(dtype):
     # Rows of a constant power of two normalize to exactly 1, so Y = float32 scale rounded to
     # X's type: the kernel's float32 -> half conversion must equal NumPy's (round to nearest even)
     # on halfway cases, subnormals, overflow, signed zero, inf and NaN; across vector bodies and

@@ -58,6 +58,45 @@ def test_bad_attribute_fails_at_session_creation(attrs, message):
         session(_node_with_raw_attrs(**attrs))
 
 
+def _tensor(value: float) -> object:
+    return helper.make_tensor("t", TensorProto.FLOAT, [1], [value])
+
+
+# every kind of attribute value but the right one: (attribute, value, kind named in the error)
+WRONG_KINDS = [
+    ("axis", "0", "a string"),
+    ("axis", [0], "a list of ints"),
+    ("axis", [0.0], "a list of floats"),
+    ("axis", _tensor(0.0), "a tensor"),
+    ("epsilon", "1e-5", "a string"),
+    ("epsilon", [1e-5], "a list of floats"),
+    ("epsilon", _tensor(1e-5), "a tensor"),
+    ("eps_outside", "1", "a string"),
+    ("eps_outside", [1], "a list of ints"),
+    ("eps_outside", _tensor(1.0), "a tensor"),
+    ("axis", ["a"], "an empty list or a kind other than int, float, string and tensor"),
+]
+
+
+@pytest.mark.parametrize("op", ["RMSNorm", "SkipRMSNorm"])
+@pytest.mark.parametrize(
+    ("name", "value", "kind"), WRONG_KINDS, ids=[f"{n}-{k}" for n, _, k in WRONG_KINDS]
+)
+def test_attribute_of_the_wrong_kind_fails_at_session_creation(op, name, value, kind):
+    model = _node_with_raw_attrs(**{name: value})
+    if op == "SkipRMSNorm":  # the same node as SkipRMSNorm(x, x)
+        node = model.graph.node[0]
+        node.op_type = op
+        node.input[:] = ["x", "x"]
+    expected = {"axis": "an int", "epsilon": "a float", "eps_outside": r"an int \(0 or 1\)"}[name]
+    with pytest.raises(
+        ORT_ERRORS,
+        match=rf"rmsnorm_onnx::{op} node 'rmsnorm': attribute '{name}' must be {expected}, "
+        rf"got {kind}",
+    ):
+        session(model)
+
+
 # --- session creation: element types -----------------------------------------------------------
 
 

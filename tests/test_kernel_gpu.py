@@ -1,4 +1,5 @@
-"""The CUDA EP kernel of rmsnorm_onnx::RMSNorm against the NumPy reference (needs a GPU).
+"""The CUDA EP kernels of rmsnorm_onnx::RMSNorm and SkipRMSNorm against the NumPy reference
+(needs a GPU).
 
 The same comparisons as the CPU tests on CUDAExecutionProvider (fp32, fp16, bf16; variants;
 awkward hidden sizes; axes; broadcasts), and an IO-binding run with inputs and outputs on the
@@ -17,10 +18,12 @@ from kernel_models import (
     DTYPES,
     ORT_ERRORS,
     assert_matches,
+    assert_sum_exact,
     check_variant,
     make_model,
     quantize,
     run,
+    run_skip,
     variant_cases,
 )
 
@@ -108,3 +111,86 @@ def test_io_binding_keeps_everything_on_the_device(rng, tmp_path, dtype):
     assert ours and {e["args"]["provider"] for e in ours} == {"CUDAExecutionProvider"}
     copies = [e["args"]["op_name"] for e in nodes if e["args"]["op_name"].startswith("Memcpy")]
     assert not copies, f"host copies in the run: {copies}"
+
+
+# ----------------------------------------------------------------------------- SkipRMSNorm
+
+SKIP_SHAPES = [
+    ((5, 1), (5, 1)),
+    ((3, 64), (3, 64)),  # small rows: several per warp
+    ((4, 128), (4, 128)),
+    ((3, 4097), (3, 4097)),  # rows of a partial vector: the Generic kernel
+    ((8, 4096), (8, 4096)),  # decode
+    ((2, 65536), (2, 65536)),  # long rows: registers and shared memory
+    ((2, 3, 768), (3, 768)),  # skip broadcast over the batch
+    ((2, 3, 768), (1, 3, 768)),
+]
+SKIP_CASES = [
+    (d, xs, ks, kind, with_sum)
+    for d in DTYPES
+    for xs, ks in SKIP_SHAPES
+    for kind in ("scale", "scale_f32", "scale_bias", "none")
+    for with_sum in (True, False)
+]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "x_shape", "skip_shape", "kind", "with_sum"),
+    SKIP_CASES,
+    ids=[
+        f"{d}-{'x'.join(map(str, xs))}-skip{'x'.join(map(str, ks))}-{k}-{'S' if w else 'noS'}"
+        for d, xs, ks, k, w in SKIP_CASES
+    ],
+)
+def test_skip_matches_reference_on_cuda(rng, dtype, x_shape, skip_shape, kind, with_sum):
+    hidden = x_shape[-1]
+    x = quantize(rng.standard_normal(x_shape) * 1.5, dtype)
+    skip = quantize(rng.standard_normal(skip_shape), dtype)
+    scale_dtype = {"scale": dtype, "scale_f32": "float32", "scale_bias": dtype}.get(kind)
+    scale = None if scale_dtype is None else quantize(rng.uniform(0.5, 1.5, hidden), scale_dtype)
+    bias = quantize(rng.standard_normal(hidden) * 0.1, dtype) if kind == "scale_bias" else None
+    model = make_model(
+        dtype,
+        skip_dtype=dtype,
+        scale_dtype=scale_dtype,
+        bias_dtype=dtype if bias is not None else None,
+        with_sum=with_sum,
+    )
+    y, s = run_skip(model, x, skip, scale, bias, providers=("cuda",))
+    expected_y, expected_s = reference.skip_rms_norm(x, skip, scale, bias)
+    assert_matches(y, expected_y, dtype)
+    if with_sum:
+        assert_sum_exact(s, expected_s)
+
+
+@pytest.mark.parametrize(("dtype", "magnitude"), [("float32", 1e25), ("bfloat16", 1e30)])
+def test_large_values_on_cuda(rng, dtype, magnitude):
+    """Rows whose float32 sum of squares overflows come out as in the float64 reference."""
+    x = quantize(rng.standard_normal((4, 4096)) * magnitude, dtype)
+    skip = quantize(rng.standard_normal((4, 4096)) * magnitude, dtype)
+    y = run(make_model(dtype), x, providers=("cuda",))
+    assert_matches(y, reference.rms_norm(x), dtype)
+    y, s = run_skip(
+        make_model(dtype, skip_dtype=dtype, with_sum=True), x, skip, providers=("cuda",)
+    )
+    expected_y, expected_s = reference.skip_rms_norm(x, skip)
+    assert_matches(y, expected_y, dtype)
+    assert_sum_exact(s, expected_s)
+
+
+def test_concurrent_sessions_of_long_rows_on_cuda(rng):
+    """Two sessions on two threads with different long rows (each past 48 KB of shared memory):
+    the larger launch must not fail (the shared-memory limit is raised once per kernel)."""
+    import concurrent.futures
+
+    def work(hidden: int) -> None:
+        x = rng.standard_normal((4, hidden)).astype(np.float16)
+        model = make_model("float16", x_shape=[4, hidden])
+        sess = session(model, providers=("cuda",))
+        for _ in range(50):
+            (y,) = sess.run(None, {"x": x})
+            assert_matches(np.asarray(y).astype(np.float64), reference.rms_norm(x), "float16")
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for f in [pool.submit(work, h) for h in (50000, 65536)]:
+            f.result()

@@ -108,10 +108,34 @@ def test_options_and_kwargs_are_passed_on():
     assert sess.get_session_options().intra_op_num_threads == 1
 
 
-def test_options_with_the_library_already_registered():
+def test_session_leaves_the_callers_options_alone():
+    """session() registers the library on a copy: the caller's options can be used again, with
+    session() or with their own registration (issue 11 §8: the second call used to fail)."""
     opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    one = session(make_model("float32"), options=opts)
+    two = session(make_model("float32"), options=opts)
+    assert np.array_equal(_y(one), _y(two))
+    used = two.get_session_options()
+    assert used.intra_op_num_threads == 1
+    assert used.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert used.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    # not registered on the caller's object: registering it there now is its first time
+    from rmsnorm_onnx.onnx_io import serialize
+
     opts.register_custom_ops_library(library_path())
-    with pytest.raises(RMSNormOnnxError, match="already have the rmsnorm_onnx library registered"):
+    plain = ort.InferenceSession(serialize(make_model("float32")), opts, ["CPUExecutionProvider"])
+    assert np.array_equal(_y(plain), _y(one))
+    # and options that have the library registered by the caller work with session() too
+    assert np.array_equal(_y(session(make_model("float32"), options=opts)), _y(one))
+
+
+def test_options_with_providers_added_cannot_be_copied():
+    opts = ort.SessionOptions()
+    opts.add_provider("CPUExecutionProvider", {})
+    with pytest.raises(RMSNormOnnxError, match=r"add_provider\(\), which cannot be copied"):
         session(make_model("float32"), options=opts)
 
 

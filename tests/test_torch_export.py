@@ -311,7 +311,9 @@ def test_bad_options_are_usage_errors(kwargs: dict, message: str) -> None:
 def test_foreign_rmsnorm_layers_are_reported_before_export() -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.RMSNorm(8))
     with pytest.warns(UserWarning, match=r"RMSNorm x1\) .* call rmsnorm_onnx.patch"):
-        export(model, torch.randn(2, 3, 8), rmsnorm="fused")
+        onnx_model = export(model, torch.randn(2, 3, 8), rmsnorm="fused")
+    # torch's own norm traces as plain ops, which export's fusion step recognizes
+    assert op_histogram(onnx_model)[FUSED] == 1
 
 
 def test_plain_torch_onnx_export_traces_the_decomposed_chain() -> None:

@@ -1,4 +1,5 @@
-"""rmsnorm_onnx.RMSNorm, eagerly: every variant vs the reference, torch.nn.RMSNorm and LLaMA."""
+"""rmsnorm_onnx.RMSNorm, eagerly: every variant vs the reference (with and without a residual),
+torch.nn.RMSNorm and LLaMA."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch_reference import layer_reference
+from torch_reference import layer_reference, layer_skip_reference, native
 
 from rmsnorm_onnx import RMSNorm
 from rmsnorm_onnx.reference import tolerance
@@ -73,6 +74,63 @@ def test_module_matches_reference(variant: str, dtype: torch.dtype, shape: tuple
         # statistics in fp16/bf16: a few roundings of the input's own type, not one
         rtol, atol = 4 * rtol, 4 * atol
     np.testing.assert_allclose(y.detach().double().numpy(), layer_reference(layer, x), rtol, atol)
+
+
+# residual shapes for an input of shape (2, 3, 5, 33): X's own, leading dims dropped, set to 1
+RESIDUAL_SHAPES = {"same": (2, 3, 5, 33), "dropped": (5, 33), "ones": (1, 1, 5, 33)}
+
+
+@pytest.mark.parametrize("residual_shape", RESIDUAL_SHAPES.values(), ids=RESIDUAL_SHAPES.keys())
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_module_with_residual_matches_skip_reference(
+    variant: str, dtype: torch.dtype, residual_shape: tuple[int, ...]
+) -> None:
+    shape = (2, 3, 5, 33)
+    layer = _layer(variant, shape, dtype)  # groups: 3 groups of 11
+    gen = torch.Generator().manual_seed(2)
+    x = (2 * torch.randn(shape, generator=gen)).to(dtype)
+    residual = (2 * torch.randn(residual_shape, generator=gen)).to(dtype)
+    y, s = layer(x, residual)
+    assert y.dtype == s.dtype == dtype and y.shape == s.shape == x.shape
+    want_y, want_s = layer_skip_reference(layer, x, residual)
+    # the sum is X + skip correctly rounded to X's type: exactly the reference's
+    np.testing.assert_array_equal(native(s), want_s)
+    rtol, atol = tolerance(str(dtype).removeprefix("torch."))
+    if variant == "half_compute" and dtype != torch.float32:
+        rtol, atol = 4 * rtol, 4 * atol  # as in test_module_matches_reference
+    np.testing.assert_allclose(y.detach().double().numpy(), want_y, rtol, atol)
+    # y is the norm of the rounded sum, bit for bit
+    assert torch.equal(y, layer(s))
+
+
+def test_residual_form_trains_through_both_outputs() -> None:
+    layer = RMSNorm(8, bias=True)
+    x = torch.randn(3, 8, requires_grad=True)
+    residual = torch.randn(3, 8, requires_grad=True)
+    y, s = layer(x, residual)
+    (y.square().sum() + s.sum()).backward()
+    for t in (x, residual, layer.weight, layer.bias):
+        assert t.grad is not None and torch.isfinite(t.grad).all()
+    assert not torch.equal(x.grad, torch.ones_like(x))  # the norm's gradient reaches x too
+
+
+@pytest.mark.parametrize(
+    ("residual", "message"),
+    [
+        (torch.randn(2, 3, 16, dtype=torch.float16), r"x's dtype torch.float32"),
+        (torch.randn(2, 3, 1), r"does not fit x of shape \(2, 3, 16\)"),
+        (torch.randn(4, 2, 3, 16), "leading dims dropped or set to 1"),
+        (torch.randn(2, 1, 16), "does not fit"),  # a 1 after a matching dim: not SkipRMSNorm's
+        (torch.randn(3, 3, 16), "does not fit"),
+    ],
+    ids=["dtype", "over_hidden", "higher_rank", "inner_one", "other_batch"],
+)
+def test_bad_residual_is_a_clear_error(residual: torch.Tensor, message: str) -> None:
+    layer = RMSNorm(16)
+    x = torch.randn(2, 3, 16)
+    with pytest.raises(ValueError, match=message):
+        layer(x, residual)
 
 
 def test_seeds_worked_examples() -> None:

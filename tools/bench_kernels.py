@@ -1,13 +1,15 @@
-"""Benchmark the RMSNorm kernels: our custom op beside ORT's ops, the decomposed graph and torch.
+"""Benchmark the kernels: our RMSNorm and SkipRMSNorm beside ORT's ops, the decomposed graphs
+and torch.
 
-    python tools/bench_kernels.py                      # CPU, the issue's shapes, fp32 and fp16
+    python tools/bench_kernels.py                      # CPU, both ops, their shapes, fp32 and fp16
+    python tools/bench_kernels.py --op skip            # only the residual form (Add + RMSNorm)
     python tools/bench_kernels.py --check-targets      # ... and grade the CPU targets (exit 1)
     python tools/bench_kernels.py --cuda --dtypes float16 --json bench_cuda.json
     python tools/bench_kernels.py --plot bench.png     # GB/s against hidden size
 
 The same program as ``rmsnorm-onnx bench`` (every option of ``rmsnorm-onnx bench --help``),
 runnable from a source checkout: prints the machine, median times, GB/s (bytes read + written)
-and each implementation's time relative to ours.
+and each implementation's time relative to ours, each answer checked against the reference.
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ if [[ -f $emulated ]]; then
     emulation_note="NOT instrumented (its tests run, but only the main library is checked)"
   fi
 fi
-tests=${SANITIZE_TESTS:-tests/test_kernel_cpu.py tests/test_kernel_errors.py \
+tests=${SANITIZE_TESTS:-tests/test_kernel_cpu.py tests/test_kernel_skip.py tests/test_kernel_errors.py \
+tests/test_kernel_alignment.py tests/test_kernel_concurrency.py \
 tests/test_numerics_edge.py tests/test_conformance.py tests/test_cuda_emulated.py}
 work=$(mktemp -d "${TMPDIR:-/tmp}/rmsnorm_onnx_sanitize.XXXXXX")
 trap 'rm -rf "$work"' EXIT

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def positive_int(text: str) -> int:
@@ -18,6 +19,31 @@ def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value}: must be >= 0")
+    return value
+
+
+def max_threads() -> int:
+    """The most threads ``--threads`` accepts: 4 per CPU core, at least 64, at most 1024 (far
+    more threads than cores only slows a run down; thousands never finish starting)."""
+    return min(1024, max(64, 4 * (os.cpu_count() or 1)))
+
+
+def thread_count(text: str) -> int:
+    """0 (onnxruntime's choice) up to ``max_threads()``."""
+    value = non_negative_int(text)
+    if value > max_threads():
+        raise argparse.ArgumentTypeError(
+            f"{value}: at most {max_threads()} here (4 per CPU core, at least 64; 0 lets "
+            "onnxruntime choose)"
+        )
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A float > 0 (and finite)."""
+    value = non_negative_float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: must be a number > 0")
     return value
 
 

@@ -10,50 +10,53 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from ..bench import ALL_IMPLS, COPY, OPS, OURS, shape_text  # the table: standard library only
 from ..errors import UsageError
 from . import argtypes, console
 
-IMPLS = (  # kept in step with rmsnorm_onnx.bench.IMPLS, which --help must not import
-    "rmsnorm_onnx",
-    "decomposed",
-    "SimplifiedLayerNormalization",
-    "RMSNormalization",
-    "LayerNormalization",
-    "torch",
-    "copy",
-)
-
 EPILOG = """\
 examples:
-  rmsnorm-onnx bench                                    # default shapes, float32 and float16
-  rmsnorm-onnx bench --shapes 1x4096,2048x4096 --dtypes float32 --plot bench.png
-  rmsnorm-onnx bench --impl decomposed --impl SimplifiedLayerNormalization --repeat 50
-  rmsnorm-onnx bench --cuda --json bench_cuda.json
+  rmsnorm-onnx bench                                    # both ops, default shapes, fp32 and fp16
+  rmsnorm-onnx bench --op skip --shapes 2048x4096,8x4096 --dtypes float32
+  rmsnorm-onnx bench --op rmsnorm --impl decomposed --impl SimplifiedLayerNormalization
+  rmsnorm-onnx bench --cuda --json bench_cuda.json --plot bench.png
 
-Implementations: rmsnorm_onnx (ours, always run), decomposed (the exporters' op chain),
-SimplifiedLayerNormalization (ORT contrib), RMSNormalization (ONNX opset 23), LayerNormalization,
-torch (torch.nn.functional.rms_norm; only if torch is installed), copy (a same-size Mul: the
-memory-bandwidth ceiling). "ours x" is each one's time over ours (> 1: ours is faster).
+"ours x" is each implementation's time over ours (> 1: ours is faster). Every implementation's
+answer is checked against the float64 reference before it is timed.
 """
+
+
+def _epilog() -> str:
+    parts = [EPILOG]
+    for op in OPS.values():
+        shapes = ",".join(shape_text(s) for s in op.shapes)
+        parts.append(f"--op {op.name}: {op.title}; default shapes {shapes}")
+        parts += [f"  {i.name:<33} {i.help}" for i in op.impls]
+    return "\n".join(parts) + "\n"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench",
-        help="benchmark the RMSNorm kernel against the other implementations (GB/s)",
+        help="benchmark the RMSNorm and SkipRMSNorm kernels against the alternatives (GB/s)",
         description=(
-            "Time our fused op beside the other ways onnxruntime (and torch) can compute "
-            "RMSNorm, on the same inputs in one process; print median times, achieved GB/s and "
-            "ratios, with the machine they were measured on."
+            "Time our fused ops beside the other ways onnxruntime (and torch) can compute "
+            "RMSNorm and residual Add + RMSNorm, on the same inputs in one process; print median "
+            "times, achieved GB/s and ratios, with the machine they were measured on."
         ),
-        epilog=EPILOG,
+        epilog=_epilog(),
         formatter_class=console.HelpFormatter,
+    )
+    p.add_argument(
+        "--op",
+        action="append",
+        choices=tuple(OPS),
+        help="the op(s) to benchmark (repeatable; default: all of %(choices)s)",
     )
     p.add_argument(
         "--shapes",
         metavar="AxB[xC],...",
-        help="input shapes, comma separated (default: 32x512x768,4x128x4096,1x4096,2048x4096,"
-        "8192x8192)",
+        help="input shapes, comma separated (default: each op's shapes, listed below)",
     )
     p.add_argument(
         "--dtypes",
@@ -71,9 +74,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--impl",
         action="append",
-        choices=IMPLS,
+        choices=ALL_IMPLS,
         metavar="NAME",
-        help="implementations to time besides ours (repeatable; default: all)",
+        help="implementations to time besides ours (repeatable; default: all of each op's)",
     )
     p.add_argument(
         "--repeat",
@@ -111,18 +114,18 @@ def run(args: argparse.Namespace) -> int:
     from .. import bench
     from .progress import Progress
 
-    shapes = bench.parse_shapes(args.shapes) if args.shapes else list(bench.DEFAULT_SHAPES)
+    shapes = bench.parse_shapes(args.shapes) if args.shapes else None
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if not dtypes:
         raise UsageError("--dtypes: none given")
-    impls = list(dict.fromkeys([bench.OURS, *(args.impl or bench.IMPLS)]))
+    ops = list(dict.fromkeys(args.op or OPS))
     if args.budget <= 0:
         raise UsageError("--budget must be > 0")
     for path in (args.plot, args.json):
         if path and not Path(path).parent.is_dir():
             raise UsageError(f"{path}: folder {Path(path).parent} does not exist")
 
-    total = len(shapes) * len(dtypes) * len(impls)
+    total = sum(len(OPS[o].shapes if shapes is None else shapes) for o in ops) * len(dtypes)
     started = []
 
     def starting(what: str) -> None:  # bench reports each measurement as it begins
@@ -134,8 +137,9 @@ def run(args: argparse.Namespace) -> int:
             shapes,
             dtypes,
             args.provider,
+            ops=ops,
             repeat=args.repeat,
-            impls=impls,
+            impls=args.impl,
             threads=args.threads,
             budget_s=args.budget,
             progress=starting,
@@ -148,14 +152,17 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(rows, args.plot, title=info["summary"])
         console.note(f"wrote {args.plot}")
+    status = 0
     if args.check_targets:
         results = bench.check_targets(rows)
         print("targets")
         for text, met in results:
             print(f"  {'met   ' if met else 'MISSED'}  {text}")
-        if not all(met for _, met in results):
-            return 1
-    return 0
+        status = 0 if all(met for _, met in results) else 1
+    wrong = [r for r in rows if r.correct is False]
+    for r in wrong:
+        console.warn(f"{r.op} {bench.shape_text(r.shape)} {r.dtype} {r.impl}: {r.note}")
+    return 1 if wrong else status
 
 
 def machine(provider: str) -> dict[str, Any]:
@@ -164,9 +171,12 @@ def machine(provider: str) -> dict[str, Any]:
 
     cpu = _cpu_model()
     cores = os.cpu_count() or 0
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     device = f"{cpu}, {cores} cores" if provider == "cpu" else _gpu_name()
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     summary = f"{device}; {platform.system()}; onnxruntime {ort.__version__}; {when}"
+    if load is not None:  # other work on the machine shows in the numbers: say how much
+        summary += f"; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     return {
         "cpu": cpu,
         "cores": cores,
@@ -175,6 +185,7 @@ def machine(provider: str) -> dict[str, Any]:
         "onnxruntime": ort.__version__,
         "python": platform.python_version(),
         "date": when,
+        "load_average": list(load) if load is not None else None,
         "summary": summary,
     }
 
@@ -219,8 +230,8 @@ def _write_json(path: str, rows: list[Any], info: dict[str, Any]) -> None:
 
 
 def plot(rows: list[Any], path: str, *, title: str = "") -> None:
-    """Achieved GB/s by hidden size: one panel per dtype, shapes in order of hidden size (then
-    rows) along x, one bar per implementation; ours drawn first and outlined."""
+    """Achieved GB/s by hidden size: one panel per op and dtype, shapes in order of hidden size
+    (then rows) along x, one bar per implementation; ours drawn first and outlined."""
     try:
         import matplotlib
     except ImportError:
@@ -230,45 +241,45 @@ def plot(rows: list[Any], path: str, *, title: str = "") -> None:
 
     from ..onnx_io import atomic_path
 
-    dtypes = list(dict.fromkeys(r.dtype for r in rows))
-    impls = list(dict.fromkeys(r.impl for r in rows))
-    shapes = sorted({r.shape for r in rows}, key=lambda s: (s[-1], _rows_of(s)))
-    gbps = {(r.impl, r.shape, r.dtype): r.gbps for r in rows if r.available}
-    width = 0.8 / max(len(impls), 1)
+    panels = list(dict.fromkeys((r.op, r.dtype) for r in rows))
+    gbps = {(r.op, r.impl, r.shape, r.dtype): r.gbps for r in rows if r.available}
+    widest = max((len({r.impl for r in rows if r.op == op}) for op, _ in panels), default=3)
+    n_shapes = max((len({r.shape for r in rows if r.op == op}) for op, _ in panels), default=1)
     fig, axes = plt.subplots(
-        len(dtypes),
+        len(panels),
         1,
-        figsize=(max(7.0, 1.3 * len(shapes) * max(len(impls), 3) / 3), 3.6 * len(dtypes)),
+        figsize=(max(7.0, 1.3 * n_shapes * max(widest, 3) / 3), 3.6 * len(panels)),
         squeeze=False,
     )
-    for ax, dtype in zip(axes[:, 0], dtypes, strict=True):
+    for ax, (op, dtype) in zip(axes[:, 0], panels, strict=True):
+        impls = list(dict.fromkeys(r.impl for r in rows if r.op == op))
+        shapes = sorted({r.shape for r in rows if r.op == op}, key=lambda s: (s[-1], _rows_of(s)))
+        width = 0.8 / max(len(impls), 1)
         for k, impl in enumerate(impls):
             xs = [i + (k - (len(impls) - 1) / 2) * width for i in range(len(shapes))]
-            ys = [gbps.get((impl, shape, dtype), 0.0) for shape in shapes]
-            ours = impl == "rmsnorm_onnx"
+            ys = [gbps.get((op, impl, shape, dtype), 0.0) for shape in shapes]
+            ours = impl == OURS
             ax.bar(
                 xs,
                 ys,
                 width,
                 label=impl,
-                color="lightgray" if impl == "copy" else None,
+                color="lightgray" if impl == COPY else None,
                 edgecolor="black" if ours else "none",
                 linewidth=1.2 if ours else 0,
-                hatch="//" if impl == "copy" else None,
+                hatch="//" if impl == COPY else None,
             )
         ax.set_xticks(range(len(shapes)))
         ax.set_xticklabels([f"hidden {s[-1]}\n{_rows_of(s)} rows" for s in shapes], fontsize=8)
-        ax.set_ylabel(f"{dtype}: GB/s")
+        ax.set_ylabel(f"{op} {dtype}: GB/s")
         ax.grid(True, axis="y", alpha=0.3)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, ncol=min(len(impls), 4), loc="lower center")
+        top = max((gbps.get((op, i, sh, dtype), 0.0) for i in impls for sh in shapes), default=0)
+        ax.set_ylim(0, 1.45 * top or 1.0)  # room for the legend above the bars
+        ax.legend(fontsize=7, ncol=min(len(impls), 4), loc="upper left")
     provider = rows[0].provider if rows else ""
-    fig.suptitle(
-        f"RMSNorm, achieved GB/s (bytes read + written) on {provider.upper()}\n{title}",
-        fontsize=9,
-    )
-    legend_rows = -(-len(impls) // 4)
-    fig.tight_layout(rect=(0, 0.035 * legend_rows * 2 / len(dtypes), 1, 1))
+    title = title.replace("; onnxruntime", "\nonnxruntime")  # two lines: it fits the width
+    fig.suptitle(f"Achieved GB/s (bytes read + written) on {provider.upper()}\n{title}", fontsize=9)
+    fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)

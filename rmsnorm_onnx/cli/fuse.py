@@ -10,7 +10,8 @@ from typing import Any
 from ..errors import UsageError
 from . import console
 
-TARGET_CHOICES = ("custom", "contrib", "standard")
+# fusion.targets.TARGETS, spelled out: --help must not import onnx (a test keeps them equal)
+TARGET_CHOICES = ("custom", "contrib", "standard", "decomposed")
 
 EPILOG = """\
 examples:
@@ -19,6 +20,7 @@ examples:
   rmsnorm-onnx fuse model.onnx fused.onnx --target standard   # ONNX RMSNormalization, opset 23
   rmsnorm-onnx fuse big.onnx out/big.onnx --verify --json     # check in ORT, report as JSON
   rmsnorm-onnx fuse model.onnx --in-place                     # rewrite the graph of model.onnx
+  rmsnorm-onnx fuse llama-genai/ llama-genai-fused/           # onnxruntime-genai model folder
 
 Weights in external data files are never loaded or rewritten. OUT beside IN shares IN's data
 file; elsewhere it is cloned (copy-on-write filesystems) or copied to OUT.data, or hard-linked
@@ -39,16 +41,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=console.HelpFormatter,
     )
-    p.add_argument("input", metavar="IN", help="the ONNX file to fuse (never modified)")
-    p.add_argument("output", metavar="OUT", nargs="?", help="where to write the fused model")
+    p.add_argument(
+        "input",
+        metavar="IN",
+        help="the ONNX file to fuse, or an onnxruntime-genai model folder (never modified)",
+    )
+    p.add_argument(
+        "output", metavar="OUT", nargs="?", help="where to write the fused model (or folder)"
+    )
     p.add_argument("-o", "--output", dest="output_opt", metavar="OUT", help="same as OUT")
     p.add_argument(
         "--target",
         choices=TARGET_CHOICES,
         default="custom",
-        help="custom: rmsnorm_onnx::RMSNorm (every variant); contrib: onnxruntime's "
-        "SimplifiedLayerNormalization; standard: ONNX RMSNormalization (opset 23) "
-        "(default: %(default)s)",
+        help="custom: rmsnorm_onnx::RMSNorm / SkipRMSNorm (every variant); contrib: "
+        "onnxruntime's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization; "
+        "standard: ONNX RMSNormalization (opset 23); decomposed: plain ONNX ops at the model's "
+        "opset (default: %(default)s)",
     )
     p.add_argument(
         "--verify",
@@ -93,14 +102,23 @@ def run(args: argparse.Namespace) -> int:
     from ..fusion import fuse_file
 
     out = _output(args)
-    report = fuse_file(
-        args.input,
-        out,
-        target=args.target,
-        verify=args.verify,
-        in_place=args.in_place,
-        weights=args.weights,
-    )
+    if Path(args.input).is_dir():  # an onnxruntime-genai model folder
+        from ..genai_folder import fuse_folder
+
+        if out is None or args.in_place:
+            raise UsageError("IN is a folder: name a new OUT folder (--in-place is for files)")
+        report = fuse_folder(
+            args.input, out, target=args.target, verify=args.verify, weights=args.weights
+        )
+    else:
+        report = fuse_file(
+            args.input,
+            out,
+            target=args.target,
+            verify=args.verify,
+            in_place=args.in_place,
+            weights=args.weights,
+        )
     written = out or Path(args.input)
     if args.json:
         print(json.dumps({"input": args.input, "output": str(written), **report.to_dict()}))

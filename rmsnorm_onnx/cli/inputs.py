@@ -8,6 +8,7 @@ table's size, so token ids are always valid.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from ..errors import InvalidModelError, UsageError
 
 DEFAULT_DIM = 4
 DEFAULT_INT_HIGH = 10
+_MAX_DIM = 2**62  # NumPy's limit on an array's element count (and ORT's on a dim)
 
 _NP_TYPES: dict[int, np.dtype] = {
     onnx.TensorProto.FLOAT: np.dtype(np.float32),
@@ -209,10 +211,12 @@ def make_feeds(
     int_highs: Mapping[str, int] | None = None,
     seed: int = 0,
     default_dim: int = DEFAULT_DIM,
+    max_bytes: int | None = None,
 ) -> tuple[dict[str, Feed], list[str]]:
     """Build every input; returns the feeds and the notes about defaults that were chosen.
 
-    Usage errors name what was wrong: an unknown input or dim, a shape or type that does not fit.
+    Usage errors name what was wrong: an unknown input or dim, a shape or type that does not fit,
+    random inputs that would take more than ``max_bytes`` (checked before allocating).
     """
     dims, shapes, arrays = dict(dims or {}), dict(shapes or {}), dict(arrays or {})
     int_highs = int_highs or {}
@@ -242,15 +246,47 @@ def make_feeds(
         if spec.name in arrays:
             array, source = arrays[spec.name]
             feeds[spec.name] = Feed(conform(spec, array, source, dims), source)
+    random_shapes = {
+        spec.name: _resolve_shape(spec, dims, shapes, default_dim, defaulted, notes)
+        for spec in specs
+        if spec.name not in arrays
+    }
+    _check_size(specs, random_shapes, max_bytes)
     for spec in specs:
-        if spec.name not in arrays:
-            shape = _resolve_shape(spec, dims, shapes, default_dim, defaulted, notes)
+        if spec.name in random_shapes:
+            shape = random_shapes[spec.name]
             feeds[spec.name] = _random(spec, shape, rng, int_highs.get(spec.name), seed)
     feeds = {s.name: feeds[s.name] for s in specs}  # in the model's order
     if defaulted:
         chosen = ", ".join(f"{k}={v}" for k, v in defaulted.items())
         notes.insert(0, f"symbolic dims not given, using {chosen} (set them with --dim NAME=VALUE)")
     return feeds, notes
+
+
+def _check_size(
+    specs: list[InputSpec], shapes: Mapping[str, tuple[int, ...]], max_bytes: int | None
+) -> None:
+    sizes = {
+        s.name: math.prod(shapes[s.name]) * s.dtype.itemsize for s in specs if s.name in shapes
+    }
+    total = sum(sizes.values())
+    if max_bytes is not None and total > max_bytes:
+        largest = max(sizes, key=sizes.__getitem__)
+        spec = next(s for s in specs if s.name == largest)
+        shown = f"{spec.type_name}[{', '.join(map(str, shapes[largest]))}]"
+        raise UsageError(
+            f"random inputs would take {_gigabytes(total)} (largest: {largest} {shown}), more "
+            f"than the limit of {_gigabytes(max_bytes)}; give smaller --dim/--shape values, or "
+            "raise the limit with --max-input-gb"
+        )
+    for name, shape in shapes.items():
+        if any(d > _MAX_DIM for d in shape) or math.prod(d for d in shape if d) > _MAX_DIM:
+            raise UsageError(f"input {name!r}: shape {_fmt(shape)} is too large for an array")
+
+
+def _gigabytes(n: int) -> str:
+    value = n / 1e9
+    return f"{value:,.0f} GB" if value >= 100 else f"{value:.3g} GB"
 
 
 def _resolve_shape(

@@ -9,6 +9,8 @@ from typing import Any
 from ..errors import RMSNormOnnxError, UsageError
 from . import argtypes, console
 
+DEFAULT_MAX_INPUT_GB = 4.0
+
 EPILOG = """\
 examples:
   rmsnorm-onnx run models/seeds_fused.onnx
@@ -64,7 +66,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--inputs", metavar="FILE.npz", help="take inputs from an .npz archive keyed by input name"
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)"
+        "--seed",
+        type=argtypes.non_negative_int,
+        default=0,
+        help="seed of the random inputs, >= 0 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-input-gb",
+        type=argtypes.positive_float,
+        default=DEFAULT_MAX_INPUT_GB,
+        metavar="GB",
+        help="refuse random inputs larger than this in all, before allocating them "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--default-dim",
@@ -89,10 +102,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--threads",
-        type=argtypes.non_negative_int,
+        type=argtypes.thread_count,
         default=0,
         metavar="N",
-        help="onnxruntime intra-op threads (default: 0 = onnxruntime's choice)",
+        help="onnxruntime intra-op threads, at most 4 per CPU core (at least 64) "
+        "(default: 0 = onnxruntime's choice)",
     )
     p.add_argument(
         "--compare",
@@ -132,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         int_highs=inputs.integer_highs(model),
         seed=args.seed,
         default_dim=args.default_dim or inputs.DEFAULT_DIM,
+        max_bytes=int(args.max_input_gb * 1e9),
     )
     for line in notes:
         console.note(f"note: {line}")

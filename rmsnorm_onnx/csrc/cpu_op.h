@@ -1,4 +1,4 @@
-// The CPU execution provider's kernel of rmsnorm_onnx::RMSNorm.
+// The CPU execution provider's kernel of rmsnorm_onnx::RMSNorm and ::SkipRMSNorm.
 #pragma once
 
 #include "op_common.h"
@@ -6,7 +6,8 @@
 namespace rmsnorm_onnx {
 
 struct CpuKernel {
-  static OrtStatus* Create(const OrtKernelInfo* info, Elem x_elem, void** out) noexcept;
+  static OrtStatus* Create(const OrtKernelInfo* info, OpKind kind, Elem x_elem,
+                            void** out) noexcept;
   static OrtStatus* Compute(void* kernel, OrtKernelContext* ctx) noexcept;
   static void Destroy(void* kernel) noexcept;
 };

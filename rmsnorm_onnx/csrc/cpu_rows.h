@@ -1,25 +1,37 @@
 // The CPU row kernels: RMSNorm of contiguous rows, one pass over each row (sum of squares, then
-// the scaled write; the second read of a row comes from cache), float32 arithmetic.
+// the scaled write; the second read of a row comes from cache), float32 arithmetic. SkipRMSNorm
+// adds a second row source: the first pass forms S = X + skip rounded to X's type and writes it
+// to the output S, which the second pass reads back from cache; where the graph does not use S,
+// or S is streamed past the cache, S goes (also) to a per-thread row buffer read from there.
 //
 // Two builds of the same algorithm: a portable one (written so compilers vectorize it at the
 // baseline ISA) and, on x86-64, an AVX2+FMA+F16C one picked at run time. Keep this header free of
 // inline functions: it is included by translation units compiled for different ISAs.
+//
+// Pointers may have any address (caller buffers bound through IOBinding need not be aligned, not
+// even to their element size): the kernels load and store through memcpy or unaligned intrinsics,
+// and stream only to addresses that allow it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace rmsnorm_onnx {
 
 struct RowArgs {
-  int elem = 0;                    // Elem: 0 float32, 1 float16, 2 bfloat16 (X and Y)
+  int elem = 0;                    // Elem: 0 float32, 1 float16, 2 bfloat16 (X, skip, Y, S)
   const void* x = nullptr;         // [rows, cols]
   void* y = nullptr;               // [rows, cols]
   const float* scale = nullptr;    // [cols] or nullptr
   const float* bias = nullptr;     // [cols] or nullptr
+  const void* skip = nullptr;      // SkipRMSNorm: [skip_rows, cols]; row r adds r % skip_rows
+  int64_t skip_rows = 1;
+  void* sum = nullptr;             // SkipRMSNorm: S [rows, cols], or nullptr (not written)
   int64_t cols = 0;
   float epsilon = 1e-6f;
   bool eps_outside = false;
-  bool stream = false;             // write y with non-temporal stores (outputs beyond the cache)
+  bool stream = false;             // write y (and S) with non-temporal stores (beyond the cache)
 };
 
 using RowsFn = void (*)(const RowArgs& args, int64_t row_begin, int64_t row_end);
@@ -34,5 +46,18 @@ namespace rows_avx2 {
 void NormalizeRows(const RowArgs& args, int64_t row_begin, int64_t row_end);
 void ToFloat(int elem, const void* src, int64_t n, float* dst);
 }  // namespace rows_avx2
+
+// Shared by both kernels (compiled for the baseline ISA, in cpu_rows_portable.cc).
+namespace rows_common {
+// The factor a row of n values (element type `elem`, at `row`) is multiplied by, from its sum of
+// squares `ss` as the kernel accumulated it (float32 lanes). A sum that overflowed float32 (inf)
+// in a row that holds no Inf/NaN is recomputed in float64, which cannot overflow; ordinary rows
+// pay one comparison.
+float RowFactor(const RowArgs& args, const void* row, double ss);
+// A row buffer of at least `bytes` for the calling thread (SkipRMSNorm's S for the second pass):
+// kept per thread for rows up to a few MB, so calls do not allocate; larger ones are owned by
+// `big` (allocated here, freed by the caller's unique_ptr).
+void* RowBuffer(size_t bytes, std::unique_ptr<unsigned char[]>& big);
+}  // namespace rows_common
 
 }  // namespace rmsnorm_onnx

@@ -11,6 +11,7 @@ namespace {
 
 struct State {
   Attributes attrs;
+  OpKind kind;
   Elem x_elem;
   std::string label;
 };
@@ -25,7 +26,8 @@ cuda::DType ToDType(Elem e) {
 }
 
 // scale/bias on the device are read in place, so only (inner, period) broadcasts are possible.
-void CheckSimple(const ParamView& p, const char* name, const Problem& prob, const std::string& label) {
+void CheckSimple(const ParamView& p, const char* name, const Problem& prob,
+                 const std::string& label) {
   if (!p.present || p.simple) return;
   const std::vector<int64_t> norm(prob.x_shape.begin() + prob.axis, prob.x_shape.end());
   throw OpError{ORT_NOT_IMPLEMENTED,
@@ -37,14 +39,16 @@ void CheckSimple(const ParamView& p, const char* name, const Problem& prob, cons
 
 }  // namespace
 
-OrtStatus* CudaKernel::Create(const OrtKernelInfo* info, Elem x_elem, void** out) noexcept {
+OrtStatus* CudaKernel::Create(const OrtKernelInfo* info, OpKind kind, Elem x_elem,
+                              void** out) noexcept {
   *out = nullptr;
   return Guard([&] {
     Ort::ConstKernelInfo ki{info};
     auto state = std::make_unique<State>();
-    state->label = NodeLabel(ki.GetNodeName()) + " (CUDA)";
+    state->label = NodeLabel(kind, ki.GetNodeName()) + " (CUDA)";
     state->attrs = ReadAttributes(ki, state->label);
-    CheckInputTypes(ki, x_elem, state->label);
+    CheckInputTypes(ki, kind, x_elem, state->label);
+    state->kind = kind;
     state->x_elem = x_elem;
     *out = state.release();
   });
@@ -54,7 +58,7 @@ OrtStatus* CudaKernel::Compute(void* kernel, OrtKernelContext* context) noexcept
   return Guard([&] {
     const State& s = *static_cast<const State*>(kernel);
     Ort::KernelContext ctx{context};
-    const Problem p = PrepareProblem(ctx, s.attrs, s.x_elem, s.label);
+    const Problem p = PrepareProblem(ctx, s.kind, s.attrs, s.x_elem, s.label);
     CheckSimple(p.scale, "scale", p, s.label);
     CheckSimple(p.bias, "bias", p, s.label);
     if (p.rows == 0 || p.cols == 0) return;
@@ -82,6 +86,9 @@ OrtStatus* CudaKernel::Compute(void* kernel, OrtKernelContext* context) noexcept
     params.cols = p.cols;
     params.epsilon = s.attrs.epsilon;
     params.eps_outside = s.attrs.eps_outside;
+    params.skip = p.skip;  // nullptr for RMSNorm
+    params.skip_rows = p.skip_rows;
+    params.sum = p.sum;
     if (const char* error = cuda::Launch(params, stream)) {
       throw OpError{ORT_FAIL, s.label + ": CUDA kernel launch failed: " + error};
     }

@@ -64,8 +64,10 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-std::string NodeLabel(const std::string& node_name) {
-  return std::string(kDomain) + "::" + kOpType + " node '" + node_name + "'";
+const char* OpTypeName(OpKind kind) { return kind == OpKind::kSkip ? kSkipOpType : kOpType; }
+
+std::string NodeLabel(OpKind kind, const std::string& node_name) {
+  return std::string(kDomain) + "::" + OpTypeName(kind) + " node '" + node_name + "'";
 }
 
 OrtStatus* MakeStatus(OrtErrorCode code, const std::string& message) noexcept {
@@ -85,30 +87,59 @@ std::string ParamTypeRule(ONNXTensorElementDataType x_type) {
   throw OpError{code, label + ": " + what};
 }
 
-// An attribute ORT's schema does not type-check (custom ops allow unchecked attributes): find out
-// whether it is absent (use the default) or present with the wrong type (an error).
-template <typename T, typename Other>
+const OrtApi& Api() { return Ort::GetApi(); }
+
+// Whether `call` (one of the KernelInfoGetAttribute* functions) found the attribute with its type.
+bool Succeeds(OrtStatus* status) {
+  if (status == nullptr) return true;
+  Api().ReleaseStatus(status);
+  return false;
+}
+
+// The kind an attribute has in the node, "" when absent. ORT's scalar, string and tensor getters
+// fail on a type mismatch, so each kind is probed in turn; its array getters do not check the
+// kind (any attribute present reads as an empty list), so a list is named only when non-empty.
+std::string AttributeKind(const Ort::ConstKernelInfo& info, const char* name) {
+  const OrtApi& api = Api();
+  float f;
+  int64_t i;
+  size_t size = 0;
+  if (Succeeds(api.KernelInfoGetAttribute_float(info, name, &f))) return "a float";
+  if (Succeeds(api.KernelInfoGetAttribute_int64(info, name, &i))) return "an int";
+  if (Succeeds(api.KernelInfoGetAttribute_string(info, name, nullptr, &size))) return "a string";
+  Ort::AllocatorWithDefaultOptions allocator;
+  OrtValue* tensor = nullptr;
+  if (Succeeds(api.KernelInfoGetAttribute_tensor(info, name, allocator, &tensor))) {
+    api.ReleaseValue(tensor);
+    return "a tensor";
+  }
+  size_t ints = 0, floats = 0;
+  const bool as_ints = Succeeds(api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &ints));
+  const bool as_floats =
+      Succeeds(api.KernelInfoGetAttributeArray_float(info, name, nullptr, &floats));
+  const bool present = as_ints || as_floats;
+  if (ints > 0) return "a list of ints";
+  if (floats > 0) return "a list of floats";
+  return present ? "an empty list or a kind other than int, float, string and tensor" : "";
+}
+
+// An attribute ORT's schema does not type-check (custom ops allow unchecked attributes): absent
+// (use the default), present with the expected type (read it), or present as anything else (an
+// error naming the attribute and the kind it has).
+template <typename T>
 bool ReadTyped(const Ort::ConstKernelInfo& info, const char* name, T* out, const char* expected,
                const std::string& label) {
   OrtStatus* status = nullptr;
-  const OrtApi& api = Ort::GetApi();
   if constexpr (std::is_same_v<T, float>) {
-    status = api.KernelInfoGetAttribute_float(info, name, out);
+    status = Api().KernelInfoGetAttribute_float(info, name, out);
   } else {
-    status = api.KernelInfoGetAttribute_int64(info, name, out);
+    status = Api().KernelInfoGetAttribute_int64(info, name, out);
   }
-  if (status == nullptr) return true;
-  api.ReleaseStatus(status);
-  Other other{};
-  if constexpr (std::is_same_v<Other, float>) {
-    status = api.KernelInfoGetAttribute_float(info, name, &other);
-  } else {
-    status = api.KernelInfoGetAttribute_int64(info, name, &other);
+  if (Succeeds(status)) return true;
+  const std::string kind = AttributeKind(info, name);
+  if (!kind.empty()) {
+    Fail(label, std::string("attribute '") + name + "' must be " + expected + ", got " + kind);
   }
-  if (status == nullptr) {
-    Fail(label, std::string("attribute '") + name + "' must be " + expected);
-  }
-  api.ReleaseStatus(status);
   return false;  // absent
 }
 
@@ -117,7 +148,7 @@ bool ReadTyped(const Ort::ConstKernelInfo& info, const char* name, T* out, const
 Attributes ReadAttributes(const Ort::ConstKernelInfo& info, const std::string& label) {
   Attributes a;
   float eps = a.epsilon;
-  if (ReadTyped<float, int64_t>(info, "epsilon", &eps, "a float", label)) {
+  if (ReadTyped<float>(info, "epsilon", &eps, "a float", label)) {
     if (!std::isfinite(eps) || eps < 0.0f) {
       std::ostringstream os;
       os << "attribute 'epsilon' must be a finite number >= 0, got " << eps;
@@ -126,9 +157,9 @@ Attributes ReadAttributes(const Ort::ConstKernelInfo& info, const std::string& l
     a.epsilon = eps;
   }
   int64_t axis = a.axis;
-  if (ReadTyped<int64_t, float>(info, "axis", &axis, "an int", label)) a.axis = axis;
+  if (ReadTyped<int64_t>(info, "axis", &axis, "an int", label)) a.axis = axis;
   int64_t outside = 0;
-  if (ReadTyped<int64_t, float>(info, "eps_outside", &outside, "an int (0 or 1)", label)) {
+  if (ReadTyped<int64_t>(info, "eps_outside", &outside, "an int (0 or 1)", label)) {
     if (outside != 0 && outside != 1) {
       Fail(label, "attribute 'eps_outside' must be 0 or 1, got " + std::to_string(outside));
     }
@@ -137,11 +168,32 @@ Attributes ReadAttributes(const Ort::ConstKernelInfo& info, const std::string& l
   return a;
 }
 
-void CheckInputTypes(const Ort::ConstKernelInfo& info, Elem x_elem, const std::string& label) {
-  static const char* const kNames[] = {"X", "scale", "bias"};
+namespace {
+
+// Checks what the graph knows of skip's type (at session creation) or its value's (at run time).
+void CheckSkipType(ONNXTensorElementDataType type, Elem x_elem, const std::string& label) {
+  if (type != ToOnnx(x_elem)) {
+    Fail(label, "skip has type " + TypeName(type) + "; it must have X's type (" +
+                    TypeName(ToOnnx(x_elem)) + ")");
+  }
+}
+
+}  // namespace
+
+void CheckInputTypes(const Ort::ConstKernelInfo& info, OpKind kind, Elem x_elem,
+                     const std::string& label) {
+  static const char* const kNames[2][4] = {{"X", "scale", "bias", ""},
+                                           {"X", "skip", "scale", "bias"}};
+  const auto& names = kNames[static_cast<int>(kind)];
+  const size_t first_param = FirstParamInput(kind);
   const size_t count = info.GetInputCount();
-  if (count > 3) {
-    Fail(label, "takes at most 3 inputs (X, scale, bias), got " + std::to_string(count));
+  if (count > first_param + 2) {
+    Fail(label, "takes at most " + std::to_string(first_param + 2) + " inputs (" +
+                    (kind == OpKind::kSkip ? "X, skip, scale, bias" : "X, scale, bias") +
+                    "), got " + std::to_string(count));
+  }
+  if (kind == OpKind::kSkip && (count < 2 || info.GetInputName(1).empty())) {
+    Fail(label, "input 'skip' (input 1) is missing; SkipRMSNorm needs X and skip");
   }
   const auto x_type = ToOnnx(x_elem);
   for (size_t i = 1; i < count; ++i) {
@@ -153,12 +205,14 @@ void CheckInputTypes(const Ort::ConstKernelInfo& info, Elem x_elem, const std::s
       continue;  // type not known before run time: checked then
     }
     if (type_info.GetONNXType() != ONNX_TYPE_TENSOR) {
-      Fail(label, std::string("input '") + kNames[i] + "' must be a tensor");
+      Fail(label, std::string("input '") + names[i] + "' must be a tensor");
     }
     const auto type = type_info.GetTensorTypeAndShapeInfo().GetElementType();
     if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED) continue;
-    if (type != x_type && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-      Fail(label, std::string(kNames[i]) + " has type " + TypeName(type) + "; " +
+    if (i < first_param) {
+      CheckSkipType(type, x_elem, label);
+    } else if (type != x_type && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+      Fail(label, std::string(names[i]) + " has type " + TypeName(type) + "; " +
                       ParamTypeRule(x_type));
     }
   }
@@ -231,7 +285,49 @@ ParamView ReadParam(Ort::KernelContext& ctx, size_t input_count, size_t index, c
 
 }  // namespace
 
-Problem PrepareProblem(Ort::KernelContext& ctx, const Attributes& attrs, Elem x_elem,
+namespace {
+
+// skip has X's shape, or X's shape with leading dims dropped or set to 1, and covers the
+// normalized dims [axis, rank) in full (as reference.skip_fits). Returns skip's row count.
+bool SkipFits(const std::vector<int64_t>& x, const std::vector<int64_t>& skip, int64_t axis) {
+  if (skip.size() > x.size()) return false;
+  const size_t pad = x.size() - skip.size();
+  size_t first = 0;  // from the first dim that matches X's on, every dim must match
+  while (first < skip.size() && skip[first] != x[pad + first]) {
+    if (skip[first] != 1) return false;  // before it, only 1s
+    ++first;
+  }
+  for (size_t i = first; i < skip.size(); ++i) {
+    if (skip[i] != x[pad + i]) return false;
+  }
+  // the dims skip broadcasts over must lie before the normalized ones (or be 1 in X too)
+  for (size_t i = static_cast<size_t>(axis); i < pad + first; ++i) {
+    if (x[i] != 1) return false;
+  }
+  return true;
+}
+
+void ReadSkip(Ort::KernelContext& ctx, Problem& p, const std::string& label, int64_t axis_attr) {
+  Ort::ConstValue skip = ctx.GetInputCount() > 1 ? ctx.GetInput(1) : Ort::ConstValue{nullptr};
+  if (skip == nullptr) Fail(label, "input 'skip' (input 1) is missing");
+  if (!skip.IsTensor()) Fail(label, "input 'skip' must be a tensor");
+  auto info = skip.GetTensorTypeAndShapeInfo();
+  CheckSkipType(info.GetElementType(), p.x_elem, label);
+  const std::vector<int64_t> shape = info.GetShape();
+  if (!SkipFits(p.x_shape, shape, p.axis)) {
+    Fail(label, "skip of shape " + ShapeString(shape) + " does not fit X of shape " +
+                    ShapeString(p.x_shape) + " (axis " + std::to_string(axis_attr) +
+                    "): skip must have X's shape, or X's shape with leading dims dropped or set " +
+                    "to 1, covering X.shape[axis:] in full");
+  }
+  const auto count = static_cast<int64_t>(info.GetElementCount());
+  p.skip = skip.GetTensorRawData();
+  p.skip_rows = p.cols > 0 ? count / p.cols : 0;
+}
+
+}  // namespace
+
+Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& attrs, Elem x_elem,
                        const std::string& label, const ParamView* constants) {
   Problem p;
   p.x_elem = x_elem;
@@ -255,15 +351,22 @@ Problem PrepareProblem(Ort::KernelContext& ctx, const Attributes& attrs, Elem x_
   p.rows = 1;
   p.cols = 1;
   for (int64_t i = 0; i < rank; ++i) (i < p.axis ? p.rows : p.cols) *= p.x_shape[i];
+  if (kind == OpKind::kSkip) ReadSkip(ctx, p, label, attrs.axis);
   const std::vector<int64_t> norm(p.x_shape.begin() + p.axis, p.x_shape.end());
   const size_t count = ctx.GetInputCount();
-  p.scale = ReadParam(ctx, count, 1, "scale", x_elem, constants ? &constants[1] : nullptr, norm, p,
-                      label, attrs.axis);
-  p.bias = ReadParam(ctx, count, 2, "bias", x_elem, constants ? &constants[2] : nullptr, norm, p,
-                     label, attrs.axis);
+  const size_t first = FirstParamInput(kind);
+  p.scale = ReadParam(ctx, count, first, "scale", x_elem, constants ? &constants[0] : nullptr,
+                      norm, p, label, attrs.axis);
+  p.bias = ReadParam(ctx, count, first + 1, "bias", x_elem, constants ? &constants[1] : nullptr,
+                     norm, p, label, attrs.axis);
   Ort::UnownedValue y = ctx.GetOutput(0, p.x_shape);
   p.x = x.GetTensorRawData();
   p.y = y.GetTensorMutableRawData();
+  if (kind == OpKind::kSkip && ctx.GetOutputCount() > 1) {
+    // an S the graph does not use is no output at all: ORT hands back nullptr
+    Ort::UnownedValue sum = ctx.GetOutput(1, p.x_shape);
+    if (sum != nullptr) p.sum = sum.GetTensorMutableRawData();
+  }
   return p;
 }
 

@@ -1,6 +1,6 @@
-// What the CPU and CUDA ops of rmsnorm_onnx::RMSNorm share: the op's names, its attributes (read
-// and checked when the session creates the kernel), the checks of the inputs at run time, and the
-// [rows, cols] view with the broadcast layout of scale and bias.
+// What the CPU and CUDA ops of rmsnorm_onnx::RMSNorm and ::SkipRMSNorm share: the ops' names, their
+// attributes (read and checked when the session creates the kernel), the checks of the inputs at
+// run time, and the [rows, cols] view with the broadcast layout of scale, bias and skip.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,14 @@ namespace rmsnorm_onnx {
 // Must match rmsnorm_onnx/op_schema.py (DOMAIN, OP_TYPE, VERSION); a Python test checks it.
 inline constexpr const char* kDomain = "rmsnorm_onnx";
 inline constexpr const char* kOpType = "RMSNorm";
+inline constexpr const char* kSkipOpType = "SkipRMSNorm";
 inline constexpr int kOpVersion = 1;
+
+// RMSNorm(X, scale?, bias?) -> Y, or SkipRMSNorm(X, skip, scale?, bias?) -> (Y, S?).
+enum class OpKind : int { kRMSNorm = 0, kSkip = 1 };
+const char* OpTypeName(OpKind kind);
+// Index of the first of scale, bias among the op's inputs.
+inline size_t FirstParamInput(OpKind kind) { return kind == OpKind::kSkip ? 2 : 1; }
 
 enum class Elem : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
@@ -37,12 +44,13 @@ struct OpError {
 };
 
 // The identity of one node, for messages: "rmsnorm_onnx::RMSNorm node 'name'".
-std::string NodeLabel(const std::string& node_name);
+std::string NodeLabel(OpKind kind, const std::string& node_name);
 
 // Reads epsilon, axis and eps_outside, and checks the element types of the inputs the graph
 // already knows (kernel creation = session creation). Throws OpError.
 Attributes ReadAttributes(const Ort::ConstKernelInfo& info, const std::string& label);
-void CheckInputTypes(const Ort::ConstKernelInfo& info, Elem x_elem, const std::string& label);
+void CheckInputTypes(const Ort::ConstKernelInfo& info, OpKind kind, Elem x_elem,
+                     const std::string& label);
 
 // How a scale or bias maps onto the flattened normalized dims (cols): element index
 // (col / inner) % period. `simple` is false for broadcasts no (inner, period) pair expresses
@@ -58,6 +66,8 @@ struct ParamView {
 };
 
 // One call's inputs, checked: X seen as [rows, cols] with cols = prod(X.shape[axis:]).
+// SkipRMSNorm: skip is [skip_rows, cols] (row r of X adds row r % skip_rows), and `sum` is where
+// S goes (nullptr when the graph does not use S).
 struct Problem {
   Elem x_elem = Elem::kFloat32;
   std::vector<int64_t> x_shape;
@@ -68,12 +78,15 @@ struct Problem {
   void* y = nullptr;
   ParamView scale;
   ParamView bias;
+  const void* skip = nullptr;
+  int64_t skip_rows = 0;
+  void* sum = nullptr;
 };
 
-// Checks the inputs of one call (rank, axis, types, broadcastability) and allocates Y.
-// `constants` (optional, indexed by input) holds scale/bias the session knows to be constant:
+// Checks the inputs of one call (rank, axis, types, broadcastability) and allocates Y (and S).
+// `constants` (optional: [0] scale, [1] bias) holds scale/bias the session knows to be constant:
 // their type and data were read at session creation. Throws OpError naming the problem.
-Problem PrepareProblem(Ort::KernelContext& ctx, const Attributes& attrs, Elem x_elem,
+Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& attrs, Elem x_elem,
                        const std::string& label, const ParamView* constants = nullptr);
 
 // Writes, for every col (length cols), the float32 value of a parameter laid out as `param` whose

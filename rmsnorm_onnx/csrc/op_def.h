@@ -1,12 +1,15 @@
-// One OrtCustomOp for rmsnorm_onnx::RMSNorm on one execution provider and one X type.
+// One OrtCustomOp for rmsnorm_onnx::RMSNorm or ::SkipRMSNorm on one execution provider and one X
+// type.
 //
 // ORT types the output from the op's declared types, so each X type gets its own OrtCustomOp
-// (X and Y of that type); scale and bias are declared "any type" and checked by the kernel (at
-// session creation where the graph knows their types, else at run time) with a message that
-// names the problem. No InferOutputShapeFn: onnxruntime 1.21 dereferences the type of every
-// node input when it builds the shape-inference context, an omitted optional input included, and
-// crashes on RMSNorm(X, '', bias) (checked: segfault on 1.21.0, fine on 1.31.1); it also turns an
-// X of unknown rank into a rank-0 output shape. ORT types Y from the op's declared output type.
+// (X, Y and S of that type); skip, scale and bias are declared "any type" (skip also optional, so
+// a missing or mistyped skip gets our message rather than ORT's "no kernel") and checked by the
+// kernel (at session creation where the graph knows their types, else at run time) with a
+// message that names the problem. No InferOutputShapeFn: onnxruntime 1.21 dereferences the type
+// of every node input when it builds the shape-inference context, an omitted optional input
+// included, and crashes on RMSNorm(X, '', bias) (checked: segfault on 1.21.0, fine on 1.31.1); it
+// also turns an X of unknown rank into a rank-0 output shape. ORT types Y (and S) from the op's
+// declared output type.
 #pragma once
 
 #include <onnxruntime_cxx_api.h>
@@ -15,16 +18,19 @@
 
 namespace rmsnorm_onnx {
 
-// Kernel: static OrtStatus* Create(const OrtKernelInfo*, Elem, void**);
+// Kernel: static OrtStatus* Create(const OrtKernelInfo*, OpKind, Elem, void**);
 //         static OrtStatus* Compute(void*, OrtKernelContext*);
 //         static void Destroy(void*);
 template <typename Kernel>
 struct OpDef : OrtCustomOp {
-  OpDef(const char* provider, Elem x_elem) : OrtCustomOp{}, provider_(provider), x_elem_(x_elem) {
+  OpDef(const char* provider, OpKind kind, Elem x_elem)
+      : OrtCustomOp{}, provider_(provider), kind_(kind), x_elem_(x_elem) {
     OrtCustomOp::version = ORT_API_VERSION;
-    GetName = [](const OrtCustomOp*) { return kOpType; };
+    GetName = [](const OrtCustomOp* op) { return OpTypeName(Self(op)->kind_); };
     GetExecutionProviderType = [](const OrtCustomOp* op) { return Self(op)->provider_; };
-    GetInputTypeCount = [](const OrtCustomOp*) -> size_t { return 3; };
+    GetInputTypeCount = [](const OrtCustomOp* op) -> size_t {
+      return FirstParamInput(Self(op)->kind_) + 2;
+    };
     GetInputType = [](const OrtCustomOp* op, size_t i) {
       return i == 0 ? ToOnnx(Self(op)->x_elem_) : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
     };
@@ -32,9 +38,13 @@ struct OpDef : OrtCustomOp {
       return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
     };
     GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
-    GetOutputTypeCount = [](const OrtCustomOp*) -> size_t { return 1; };
+    GetOutputTypeCount = [](const OrtCustomOp* op) -> size_t {
+      return Self(op)->kind_ == OpKind::kSkip ? 2 : 1;  // Y, and S
+    };
     GetOutputType = [](const OrtCustomOp* op, size_t) { return ToOnnx(Self(op)->x_elem_); };
-    GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+    GetOutputCharacteristic = [](const OrtCustomOp*, size_t i) {
+      return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+    };
     GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
     GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
     GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
@@ -48,7 +58,7 @@ struct OpDef : OrtCustomOp {
     KernelCompute = [](void*, OrtKernelContext*) {};
     CreateKernelV2 = [](const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo* info,
                         void** kernel) -> OrtStatusPtr {
-      return Kernel::Create(info, Self(op)->x_elem_, kernel);
+      return Kernel::Create(info, Self(op)->kind_, Self(op)->x_elem_, kernel);
     };
     KernelComputeV2 = [](void* kernel, OrtKernelContext* ctx) -> OrtStatusPtr {
       return Kernel::Compute(kernel, ctx);
@@ -59,6 +69,7 @@ struct OpDef : OrtCustomOp {
  private:
   static const OpDef* Self(const OrtCustomOp* op) { return static_cast<const OpDef*>(op); }
   const char* provider_;
+  OpKind kind_;
   Elem x_elem_;
 };
 

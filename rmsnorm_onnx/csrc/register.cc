@@ -1,6 +1,7 @@
 // The library's one exported symbol: ORT calls RegisterCustomOps when the library is registered
 // with a SessionOptions (SessionOptions.register_custom_ops_library). It adds the domain
-// "rmsnorm_onnx" with RMSNorm for the CPU EP and, when built with CUDA, for the CUDA EP.
+// "rmsnorm_onnx" with RMSNorm and SkipRMSNorm for the CPU EP and, when built with CUDA, for the
+// CUDA EP.
 #include <mutex>
 
 #include "cpu_op.h"
@@ -24,15 +25,21 @@ extern "C" __attribute__((used)) const char rmsnorm_onnx_build_info[] =
         ORT_API_VERSION);
 
 const OpDef<CpuKernel> kCpuOps[] = {
-    {"CPUExecutionProvider", Elem::kFloat32},
-    {"CPUExecutionProvider", Elem::kFloat16},
-    {"CPUExecutionProvider", Elem::kBFloat16},
+    {"CPUExecutionProvider", OpKind::kRMSNorm, Elem::kFloat32},
+    {"CPUExecutionProvider", OpKind::kRMSNorm, Elem::kFloat16},
+    {"CPUExecutionProvider", OpKind::kRMSNorm, Elem::kBFloat16},
+    {"CPUExecutionProvider", OpKind::kSkip, Elem::kFloat32},
+    {"CPUExecutionProvider", OpKind::kSkip, Elem::kFloat16},
+    {"CPUExecutionProvider", OpKind::kSkip, Elem::kBFloat16},
 };
 #if RMSNORM_ONNX_WITH_CUDA
 const OpDef<CudaKernel> kCudaOps[] = {
-    {"CUDAExecutionProvider", Elem::kFloat32},
-    {"CUDAExecutionProvider", Elem::kFloat16},
-    {"CUDAExecutionProvider", Elem::kBFloat16},
+    {"CUDAExecutionProvider", OpKind::kRMSNorm, Elem::kFloat32},
+    {"CUDAExecutionProvider", OpKind::kRMSNorm, Elem::kFloat16},
+    {"CUDAExecutionProvider", OpKind::kRMSNorm, Elem::kBFloat16},
+    {"CUDAExecutionProvider", OpKind::kSkip, Elem::kFloat32},
+    {"CUDAExecutionProvider", OpKind::kSkip, Elem::kFloat16},
+    {"CUDAExecutionProvider", OpKind::kSkip, Elem::kBFloat16},
 };
 #endif
 

@@ -1,6 +1,7 @@
-"""The fusion pass: every decomposed RMSNorm of an ONNX model becomes one op (DESIGN §4).
+"""The fusion pass: every RMSNorm of an ONNX model, in any form, becomes the target's op
+(DESIGN §4): raised to our ops (``raising``), then lowered to the target (``lower``).
 
-    model, report = fuse("model.onnx", target="custom")      # or "contrib" / "standard"
+    model, report = fuse("model.onnx", target="custom")  # or contrib, standard, decomposed
     report = fuse_file("in.onnx", "out.onnx", verify=True)
 
 Weights are never loaded: the graph is read without its external data, rewritten with
@@ -15,27 +16,28 @@ from pathlib import Path
 
 import onnx
 import onnx_ir as ir
-import onnx_ir.passes.common
-import onnxscript.optimizer
 from onnx import defs
 
 from .. import onnx_io, op_schema
-from ..errors import InvalidModelError, RMSNormOnnxError, UsageError
-from . import diagnose, driver, external, opset, patterns, targets, wellformed
+from ..errors import InvalidModelError, UsageError
+from . import external, inline, preserve, raising, targets, wellformed
+from .lower import lower
 from .report import FuseReport, Skip
 from .targets import TARGETS
 
 __all__ = ["TARGETS", "FuseReport", "Skip", "fuse", "fuse_file"]
 
 _MIN_OPSET = 7  # Pow/Sqrt/Reciprocal/ReduceMean with today's broadcasting
-_MAX_ABSORB_ROUNDS = 8  # Cast, scale, Cast, bias: a chain absorbs in at most four rounds
 
 
 def _read(model_or_path: onnx.ModelProto | str | os.PathLike[str]):
     if isinstance(model_or_path, onnx.ModelProto):
         return model_or_path, None
-    path = Path(model_or_path)
-    proto = onnx_io.load_model(path, load_external_data=False)
+    if isinstance(model_or_path, inline.Split):  # fuse_file's: read once, weights left in IN
+        path, proto = model_or_path.path, model_or_path.proto
+    else:
+        path = Path(model_or_path)
+        proto = onnx_io.load_model(path, load_external_data=False)
     external.check_files(proto, path.parent, path)
     return proto, path.parent
 
@@ -60,16 +62,13 @@ def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
         return proto
 
 
-def _fused_nodes(model: ir.Model) -> list[ir.Node]:
-    return [node for node in driver.all_nodes(model) if patterns.is_fused(node)]
-
-
 def fuse(
     model_or_path: onnx.ModelProto | str | os.PathLike[str],
     target: str = "custom",
     verify: bool = False,
 ) -> tuple[onnx.ModelProto, FuseReport]:
-    """Fuse every decomposed RMSNorm; returns the new model (input untouched) and a report.
+    """Fuse every RMSNorm (decomposed, another tool's op, ours; the residual Add in front of it
+    too) into ``target``'s form; returns the new model (input untouched) and a report.
 
     A path is read without its external data; the returned model refers to the same data files
     (relative to the input's folder). ``verify`` runs original and fused model in onnxruntime.
@@ -81,63 +80,20 @@ def fuse(
     model = ir.serde.deserialize_model(_infer_shapes(proto))
     if base_dir is not None:
         ir.external_data.set_base_dir(model.graph, base_dir)
+    declared = preserve.snapshot(proto, model)  # inferred shapes stay internal (issue 11 §7)
     report = FuseReport(target=tgt.name)
+    raising.canonicalize(model, report, proto)
 
-    core = patterns.rule_set(patterns.core_rules(tgt)).rules
-    chains = [n for a in diagnose.anchors(model) for n in driver.cone(a, diagnose.DEPTH)]
-    driver.apply(model, core, chains)
-    absorb = patterns.rule_set(patterns.absorb_rules(tgt)).rules
-    for _ in range(_MAX_ABSORB_ROUNDS):
-        after = [c for n in _fused_nodes(model) for c in n.outputs[0].consumers()]
-        if not driver.apply(model, absorb, after):
-            break
-    if _fused_nodes(model):
-        # dead now: a second Cast of x (exporters without CSE), the Add of a folded 1 + w
-        onnxscript.optimizer.remove_unused_nodes(model)
-    report.skipped = diagnose.skips(model, core)
-    report.notes += diagnose.partial_notes(model, absorb)
-    for node in _fused_nodes(model):
-        report.fused[node.metadata_props.pop(patterns.PATTERN_TAG, "?")] += 1
-
-    if tgt.op_type is not None and report.fused_count:
-        lower = [targets.LowerToTarget.rule(tgt)]
-        driver.apply(model, lower, list(_fused_nodes(model)))
-        left = _fused_nodes(model)
-        if left:  # the core/absorb rules only build what the target expresses: a bug if not
-            raise RMSNormOnnxError(
-                f"internal error: {len(left)} fused norm(s) could not become {tgt.op_type}"
-            )
-        for container in driver.containers(model):
-            container.opset_imports.pop(op_schema.DOMAIN, None)
-        model.opset_imports.pop(op_schema.DOMAIN, None)
-        if tgt.name == "standard":
-            blockers = opset.blockers(model)
-            if blockers:
-                return _unchanged(proto, report, blockers)
-            opset.raise_opset(model)
-    if report.fused_count:
-        onnx_ir.passes.common.NameFixPass()(model)  # values the rewrites left unnamed
+    lower(model, tgt, report)  # every canonical node, raised here or already in the file
+    preserve.restore(model, declared)
     fused = ir.serde.serialize_model(model)
-    onnx_io.set_ir_version(fused)
-    if verify and report.fused_count:
+    fused.ir_version = preserve.ir_version(proto.ir_version, fused)
+    if verify and report.converted:
         from .verify import verify as check
 
         check(proto, fused, base_dir)
         report.verified = True
     return fused, report
-
-
-def _unchanged(
-    proto: onnx.ModelProto, report: FuseReport, blockers: list[str]
-) -> tuple[onnx.ModelProto, FuseReport]:
-    reason = "target 'standard' needs opset 23 and these ops change meaning there: " + ", ".join(
-        blockers
-    )
-    for pattern, count in report.fused.items():
-        report.skipped += [Skip(pattern, "model", reason)] * count
-    report.fused.clear()
-    report.notes.append(reason)
-    return proto, report
 
 
 def fuse_file(
@@ -167,8 +123,12 @@ def fuse_file(
         raise UsageError(
             f"{dst_path}: is the input file; refusing to overwrite it without --in-place"
         )
-    model, report = fuse(src_path, target=target, verify=verify)
-    placed = external.write(model, src_path.parent, dst_path, weights=weights)
+    out = onnx_io.output_target(dst_path)  # no device, FIFO, socket, folder; symlinks followed
+    # Large inline weights stay in IN as byte ranges and are streamed to OUT (issue 11 §12).
+    source = inline.read(src_path)
+    external.check_output(source.proto, src_path, out, in_place=in_place, split=source)
+    model, report = fuse(source, target=target, verify=verify)
+    placed = external.write(model, src_path.parent, out, weights=weights, split=source)
     for path, how in sorted(placed.items()):
         report.notes.append(f"weights {how} to {path}")
         if how == "hard-linked":

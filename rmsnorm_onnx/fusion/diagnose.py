@@ -79,9 +79,11 @@ def explain(model: ir.Model, anchor: ir.Node, rules: list[pattern.RewriteRule]) 
 def _other_uses(result: _basics.MatchResult, root: ir.Node | None) -> str:
     nodes = list(result.nodes)
     for node in nodes:
-        if node is root:
-            continue  # its output is the one the rewrite replaces
         for value in node.outputs:
+            if node is root:  # its first output is the one the rewrite replaces
+                if value is not node.outputs[0] and (value.uses() or value.is_graph_output()):
+                    return f"output '{value.name}' of {node.op_type} '{node.name}' is read"
+                continue
             if value.is_graph_output():
                 return f"intermediate '{value.name}' ({node.op_type}) is a graph output"
             for consumer in value.consumers():
@@ -137,3 +139,65 @@ def partial_notes(model: ir.Model, rules: list[pattern.RewriteRule]) -> list[str
                 why = result.reason
             notes.append(f"{consumer.op_type} '{consumer.name}' after a fused norm stays: {why}")
     return notes
+
+
+def closest_miss(
+    model: ir.Model, anchor: ir.Node, roots: list[ir.Node], rules: list[pattern.RewriteRule]
+) -> str:
+    """Why none of ``rules`` rewrote at ``roots``: the most complete attempt touching ``anchor``."""
+    tracer = _Closest(anchor)
+    for root in roots:
+        for rule in rules:
+            rule.match(model, root.graph, root, check_nodes_are_removable=True, tracer=tracer)
+    if tracer.best is None:
+        return "no rule matched"
+    result = tracer.best[1]
+    if result.reason == _OTHER_USES:
+        return _other_uses(result, tracer.root)
+    return result.reason or "a check failed"
+
+
+def left_alone(
+    model: ir.Model, nodes: list[ir.Node], rules: list[pattern.RewriteRule], prefix: str
+) -> list[Skip]:
+    """A Skip for each of ``nodes`` (still in the model after raising), from its closest miss."""
+    return [
+        Skip(
+            node.name or node.outputs[0].name or node.op_type,
+            where(model, node),
+            prefix + closest_miss(model, node, [node], rules),
+        )
+        for node in nodes
+    ]
+
+
+def residual_skips(model: ir.Model, rules: list[pattern.RewriteRule]) -> list[Skip]:
+    """Each Add still in front of one of our RMSNorms, with the reason it stayed."""
+    found = []
+    for node in all_nodes(model):
+        if node.domain != op_schema.DOMAIN or node.op_type != op_schema.OP_TYPE:
+            continue
+        add = _producer(node, "Add")
+        cast = _producer(node, "Cast")
+        if cast is not None and _producer(cast, "Add") is not None:
+            add = _producer(cast, "Add")
+            why = (
+                "the norm reads the sum through a Cast that stays outside it (SkipRMSNorm would "
+                "round the sum to the Add's type first)"
+            )
+        elif add is None:
+            continue
+        else:
+            why = closest_miss(model, add, [node], rules)
+        name = add.name or add.outputs[0].name or "Add"
+        found.append(Skip(name, where(model, add), f"residual Add: {why}"))
+    return found
+
+
+def _producer(node: ir.Node, op_type: str) -> ir.Node | None:
+    """The default-domain ``op_type`` node that makes ``node``'s first input, if one does."""
+    value = node.inputs[0] if node.inputs else None
+    producer = value.producer() if value is not None else None
+    if producer is None or producer.op_type != op_type or producer.domain != "":
+        return None
+    return producer

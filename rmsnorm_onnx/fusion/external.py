@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,18 +23,22 @@ import onnx
 from onnx import external_data_helper
 
 from .. import onnx_io
-from ..errors import InvalidModelError
+from ..errors import InvalidModelError, UsageError
+from . import inline
 
 
 def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     yield from external_data_helper._get_all_tensors(model)
 
 
-def external_files(model: onnx.ModelProto) -> dict[str, int]:
-    """location -> bytes the tensors need from it (max offset + length)."""
+def external_files(model: onnx.ModelProto, split: inline.Split | None = None) -> dict[str, int]:
+    """location -> bytes the tensors need from it (max offset + length); tensors that ``split``
+    left inside the .onnx file are not counted."""
     needed: dict[str, int] = {}
     for tensor in _tensors(model):
         if not external_data_helper.uses_external_data(tensor):
+            continue
+        if split is not None and split.range_of(tensor) is not None:
             continue
         info = external_data_helper.ExternalDataInfo(tensor)
         end = (info.offset or 0) + (info.length or 0)
@@ -57,6 +60,42 @@ def check_files(model: onnx.ModelProto, base_dir: Path, source: Path) -> None:
             raise InvalidModelError(
                 f"{source}: external data file '{location}' is truncated "
                 f"({size} bytes, tensors need {end})"
+            )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether a and b name one file: the same path after symlinks, or one inode (hard links)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _data_names(dst: Path, count: int) -> list[Path]:
+    return [dst.parent / f"{dst.name}.data{i or ''}" for i in range(count)]
+
+
+def check_output(
+    model: onnx.ModelProto, src: Path, dst: Path, *, in_place: bool, split: inline.Split | None
+) -> None:
+    """Refuse an OUT that would overwrite IN or any file IN depends on: OUT itself, and the
+    ``OUT.data*`` files its weights would be placed in (symlinks and hard links included)."""
+    files = external_files(model, split)
+    if _same_file(dst, src) and not in_place:
+        raise UsageError(f"{dst}: is the input file; refusing to overwrite it without --in-place")
+    beside = dst.parent.resolve() == src.parent.resolve()
+    targets = [dst] + ([] if beside or not files else _data_names(dst, len(files)))
+    for target in targets:
+        for location in files:
+            if _same_file(target, src.parent / location):
+                what = "OUT" if target == dst else f"OUT's weights file {target}"
+                raise UsageError(
+                    f"{dst}: {what} is {src}'s external data file '{location}'; refusing to "
+                    "overwrite it (choose another OUT)"
+                )
+        if target != dst and _same_file(target, src):
+            raise UsageError(
+                f"{dst}: OUT's weights file {target} is the input file {src}; choose another OUT"
             )
 
 
@@ -93,16 +132,23 @@ def _place(src: Path, dst: Path, weights: str) -> str:
 
 
 def write(
-    model: onnx.ModelProto, src_dir: Path | None, dst: Path, *, weights: str = "auto"
+    model: onnx.ModelProto,
+    src_dir: Path | None,
+    dst: Path,
+    *,
+    weights: str = "auto",
+    split: inline.Split | None = None,
 ) -> dict[Path, str]:
     """Write ``model`` to ``dst`` atomically, its external data files placed beside it.
 
-    Returns the data files placed next to ``dst`` and how ("cloned", "hard-linked", "copied");
-    empty when ``dst`` sits beside the input and shares its data files.
+    Tensors that ``split`` left inside the input .onnx file are written inline, streamed from
+    it. Returns the data files placed next to ``dst`` and how ("cloned", "hard-linked",
+    "copied"); empty when ``dst`` sits beside the input and shares its data files.
     """
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
-    files = external_files(model)
+    dst = onnx_io.output_target(dst)  # a symlink is written through: data beside its target
+    files = external_files(model, split)
     if files and src_dir is None:
         raise InvalidModelError("model refers to external data but its folder is unknown")
     beside = bool(files) and dst.parent.resolve() == src_dir.resolve()
@@ -113,16 +159,19 @@ def write(
             renamed = {
                 location: f"{dst.name}.data{i or ''}" for i, location in enumerate(sorted(files))
             }
+            onnx_io.remove_stale_temps(dst.parent)
             for location, new_location in renamed.items():
                 final = dst.parent / new_location
-                fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=dst.parent)
-                os.close(fd)
-                os.unlink(tmp)
-                placed[final] = _place(src_dir / location, Path(tmp), weights)
-                staged.append((Path(tmp), final))
-            _relocate(model, renamed)
+                tmp = onnx_io.temp_path(final)
+                staged.append((tmp, final))
+                placed[final] = _place(src_dir / location, tmp, weights)
+            _relocate(model, renamed, split)
         with onnx_io.atomic_path(dst) as tmp_model:
-            onnx.save_model(onnx_io.set_ir_version(model), tmp_model)
+            onnx_io.set_ir_version(model)
+            if split is not None and split.ranges:
+                inline.save(model, split, tmp_model)
+            else:
+                onnx.save_model(model, tmp_model)
             for tmp, final in staged:
                 os.replace(tmp, final)
     finally:
@@ -132,8 +181,10 @@ def write(
     return placed
 
 
-def _relocate(model: onnx.ModelProto, renamed: dict[str, str]) -> None:
+def _relocate(model: onnx.ModelProto, renamed: dict[str, str], split: inline.Split | None) -> None:
     for tensor in _tensors(model):
+        if split is not None and split.range_of(tensor) is not None:
+            continue  # written inline again
         for entry in tensor.external_data:
             if entry.key == "location" and entry.value in renamed:
                 entry.value = renamed[entry.value]

@@ -6,10 +6,12 @@ One rule family reads like the math, its variants are constructor arguments::
     r  = Sqrt(ms + eps) | Sqrt(ms) + eps | Sqrt(ms)
     y  = x * Reciprocal(r) | x * Div(1, r) | x / r | x * Pow(ms + eps, -0.5)
 
-It becomes one ``rmsnorm_onnx::RMSNorm`` node. Follow-up rules then absorb what surrounds the core
-norm in real exports, each only where it is provably the same computation: the float32 Cast in and
-the Cast back, the scale Mul (either operand order; Gemma's ``1 + w`` folded when ``w`` is
-constant) and the bias Add. Every check fails with a reason the fuse report shows.
+It becomes one ``rmsnorm_onnx::RMSNorm`` node, tagged with its source form (canonical.SOURCE_TAG)
+whatever the target: what a target cannot express is lowering's decision. Follow-up rules then
+absorb what surrounds the core norm in real exports, each only where it is provably the same
+computation: the float32 Cast in and the Cast back, the scale Mul (either operand order; Gemma's
+``1 + w`` folded when ``w`` is constant) and the bias Add. Every check fails with a reason the
+fuse report shows.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from .. import op_schema
-from .targets import Target
+from .canonical import SOURCE_TAG
 from .values import (
     FLOAT_TYPES,
+    adds_dims,
     constant_array,
     default_opset,
     fits_normalized,
@@ -113,9 +116,9 @@ def _function_graph(context: Any) -> bool:
 class DecomposedRMSNorm(pattern.RewriteRuleClassBase):
     """x * rsqrt(mean(x²) + eps) in one of its spellings -> rmsnorm_onnx::RMSNorm(x)."""
 
-    def __init__(self, square: str, epsilon: str, root: str, target: Target) -> None:
+    def __init__(self, square: str, epsilon: str, root: str) -> None:
         super().__init__(name=f"x²={square}, eps={epsilon}, root={root}")
-        self.square, self.epsilon, self.root, self.target = square, epsilon, root, target
+        self.square, self.epsilon, self.root = square, epsilon, root
         self._axis = 0
         self._eps = 0.0
 
@@ -166,6 +169,13 @@ class DecomposedRMSNorm(pattern.RewriteRuleClassBase):
         axis, why = reduce_axis(mean.producer(), default_opset(context), x)
         if why is not None:
             return result.fail(why, mean.producer())
+        # a constant of more dims than x broadcasts the output up (x's rank is at least the
+        # number of reduced axes; axis 0, all axes, proves nothing)
+        min_rank = -axis if axis < 0 else 0
+        for const in (exponent, epsilon, one, neg_half):
+            why = adds_dims(const, x, min_rank)
+            if why is not None:
+                return result.fail(why, const)
         if self.root == "pow-half" and scalar(neg_half) != -0.5:
             return result.fail("Pow of the mean has an exponent other than -0.5", neg_half)
         if self.root == "div-one" and scalar(one) != 1.0:
@@ -177,13 +187,7 @@ class DecomposedRMSNorm(pattern.RewriteRuleClassBase):
                 return result.fail("epsilon is not a constant scalar", epsilon)
             if not math.isfinite(eps_value) or eps_value < 0:
                 return result.fail(f"epsilon {eps_value:g} is not a non-negative number", epsilon)
-            array = constant_array(epsilon, max_size=1)
-            x_rank = rank(x)
-            if array is not None and x_rank is not None and array.ndim > x_rank:
-                return result.fail("epsilon has more dims than the input (it broadcasts)", epsilon)
             eps = eps_value
-        if self.epsilon == "outside" and not self.target.eps_outside:
-            return result.fail(f"target '{self.target.name}' cannot add epsilon to the root")
         self._axis, self._eps = axis, eps
         return result
 
@@ -191,23 +195,48 @@ class DecomposedRMSNorm(pattern.RewriteRuleClassBase):
         attrs: dict[str, Any] = {"epsilon": float(self._eps), "axis": int(self._axis)}
         if self.epsilon == "outside":
             attrs["eps_outside"] = 1
-        return _emit(op, [x], attrs, self.label)
+        return emit(op, [x], attrs, self.label, "decomposed")
 
 
-def _emit(op, inputs: Sequence[ir.Value | None], attrs: dict[str, Any], label: str) -> ir.Value:
+def emit(
+    op,
+    inputs: Sequence[ir.Value | None],
+    attrs: dict[str, Any],
+    label: str | None,
+    source: str,
+    op_type: str = op_schema.OP_TYPE,
+    num_outputs: int = 1,
+) -> Any:
+    """One of our ops, tagged: ``label`` (the fuse report's pattern; None: not a fusion) and
+    ``source`` (the form it was raised from)."""
     inputs = list(inputs)
     while inputs and inputs[-1] is None:
         inputs.pop()
-    y = op.RMSNorm(*inputs, _domain=op_schema.DOMAIN, _version=op_schema.VERSION, **attrs)
-    y.producer().metadata_props[PATTERN_TAG] = label
-    return y
+    out = getattr(op, op_type)(
+        *inputs,
+        _domain=op_schema.DOMAIN,
+        _version=op_schema.VERSION,
+        _outputs=num_outputs,
+        **attrs,
+    )
+    node = (out[0] if num_outputs > 1 else out).producer()
+    for value in node.outputs:  # Y and S have X's type and shape: later rules read them
+        value.dtype = value.dtype or inputs[0].dtype
+        value.shape = value.shape or inputs[0].shape
+    if label is not None:
+        node.metadata_props[PATTERN_TAG] = label
+    node.metadata_props[SOURCE_TAG] = source
+    return out
 
 
-def _fused_parts(normed: ir.Value) -> tuple[ir.Node, list[ir.Value | None], dict[str, Any], str]:
+def _fused_parts(
+    normed: ir.Value,
+) -> tuple[ir.Node, list[ir.Value | None], dict[str, Any], str, str]:
     node = normed.producer()
     inputs: list[ir.Value | None] = [*node.inputs, None, None][:3]
     attrs = {name: attr.value for name, attr in node.attributes.items()}
-    return node, inputs, attrs, node.metadata_props.get(PATTERN_TAG, "")
+    source = node.metadata_props.get(SOURCE_TAG, node.op_type)
+    return node, inputs, attrs, node.metadata_props.get(PATTERN_TAG, source), source
 
 
 def _normalized_axes(node: ir.Node) -> int | None:
@@ -215,9 +244,10 @@ def _normalized_axes(node: ir.Node) -> int | None:
     return -axis if axis < 0 else None  # axis 0: all axes (the only non-negative we emit)
 
 
-def _fused(op, **kwargs):
+def _fused(op, x=None, **kwargs):
+    inputs = [] if x is None else [x]
     return op.RMSNorm(
-        _domain=op_schema.DOMAIN, _allow_other_inputs=True, _outputs=["normed"], **kwargs
+        *inputs, _domain=op_schema.DOMAIN, _allow_other_inputs=True, _outputs=["normed"], **kwargs
     )
 
 
@@ -252,15 +282,36 @@ class AbsorbCast(pattern.RewriteRuleClassBase):
             return result.fail("Cast back to a type other than the input's", normed)
         if len(normed.uses()) != 1 or normed.is_graph_output():
             return result.fail("the norm's output is also used outside the Cast back", normed)
-        _, inputs, _, _ = _fused_parts(normed)
+        _, inputs, _, _, _ = _fused_parts(normed)
         for param in inputs[1:]:
             if param is not None and param.dtype != ir.DataType.FLOAT:
                 return result.fail("scale/bias is not float32", param)
         return result
 
     def rewrite(self, op, x, normed, **_):
-        _, inputs, attrs, label = _fused_parts(normed)
-        return _emit(op, [x, *inputs[1:]], attrs, label + " +cast")
+        _, inputs, attrs, label, source = _fused_parts(normed)
+        return emit(op, [x, *inputs[1:]], attrs, label + " +cast", source)
+
+
+class DropNoOpCast(pattern.RewriteRuleClassBase):
+    """RMSNorm(Cast(x, to=x's type)) -> RMSNorm(x): TorchScript's fp16 Llama sums the residual in
+    float32 and casts it to float32 again; without the no-op Cast the norm reads the Add."""
+
+    def __init__(self) -> None:
+        super().__init__(name="no-op cast", remove_nodes=False)
+
+    def pattern(self, op, x, to):
+        return _fused(op, x=op.Cast(x, to=to))
+
+    def check(self, context, x, to, **_):
+        result = pattern.MatchResult()
+        if x.dtype is None or to.as_int() != x.dtype:
+            return result.fail("the Cast in front of the norm changes the type", x)
+        return result
+
+    def rewrite(self, op, x, normed, **_):
+        node, inputs, attrs, _, source = _fused_parts(normed)
+        return emit(op, [x, *inputs[1:]], attrs, node.metadata_props.get(PATTERN_TAG), source)
 
 
 class AbsorbScale(pattern.RewriteRuleClassBase):
@@ -274,7 +325,7 @@ class AbsorbScale(pattern.RewriteRuleClassBase):
 
     def check(self, context, w, normed, **_):
         result = pattern.MatchResult()
-        node, inputs, _, _ = _fused_parts(normed)
+        node, inputs, _, _, _ = _fused_parts(normed)
         if inputs[1] is not None or inputs[2] is not None:
             return result.fail("the norm already has a scale or bias", node)
         why = fits_normalized(w, inputs[0], _normalized_axes(node))
@@ -285,14 +336,14 @@ class AbsorbScale(pattern.RewriteRuleClassBase):
         return result
 
     def rewrite(self, op, w, normed, **_):
-        _, inputs, attrs, label = _fused_parts(normed)
+        _, inputs, attrs, label, source = _fused_parts(normed)
         folded = _one_plus_constant(w)
         if folded is not None:
             tensor = ir.tensor(folded, name=f"{w.name}_folded")
             w = op.Constant(value=tensor)
             w.dtype, w.shape = tensor.dtype, ir.Shape(tensor.shape)
-            return _emit(op, [inputs[0], w], attrs, label + " +scale(1+w folded)")
-        return _emit(op, [inputs[0], w], attrs, label + " +scale")
+            return emit(op, [inputs[0], w], attrs, label + " +scale(1+w folded)", source)
+        return emit(op, [inputs[0], w], attrs, label + " +scale", source)
 
 
 class AbsorbBias(pattern.RewriteRuleClassBase):
@@ -306,7 +357,7 @@ class AbsorbBias(pattern.RewriteRuleClassBase):
 
     def check(self, context, b, normed, **_):
         result = pattern.MatchResult()
-        node, inputs, _, _ = _fused_parts(normed)
+        node, inputs, _, _, _ = _fused_parts(normed)
         if inputs[2] is not None:
             return result.fail("the norm already has a bias", node)
         why = fits_normalized(b, inputs[0], _normalized_axes(node))
@@ -317,8 +368,8 @@ class AbsorbBias(pattern.RewriteRuleClassBase):
         return result
 
     def rewrite(self, op, b, normed, **_):
-        _, inputs, attrs, label = _fused_parts(normed)
-        return _emit(op, [inputs[0], inputs[1], b], attrs, label + " +bias")
+        _, inputs, attrs, label, source = _fused_parts(normed)
+        return emit(op, [inputs[0], inputs[1], b], attrs, label + " +bias", source)
 
 
 def _one_plus_constant(w: ir.Value) -> np.ndarray | None:
@@ -341,21 +392,18 @@ def _one_plus_constant(w: ir.Value) -> np.ndarray | None:
     return None
 
 
-def core_rules(target: Target) -> list[pattern.RewriteRule]:
-    """Every spelling of the core norm, for ``target``; commuted Mul/Add operands included."""
+def core_rules() -> list[pattern.RewriteRule]:
+    """Every spelling of the core norm (commute them with :func:`rule_set`)."""
     rules = []
     for square, eps, root in itertools.product(SQUARES, EPSILONS, ROOTS):
         if root == "pow-half" and eps == "outside":
             continue  # (sqrt(ms) + eps) ** -1 is not a pow-half chain
-        rules.append(DecomposedRMSNorm.rule(square, eps, root, target))
+        rules.append(DecomposedRMSNorm.rule(square, eps, root))
     return rules
 
 
-def absorb_rules(target: Target) -> list[pattern.RewriteRule]:
-    rules = [AbsorbCast.rule(), AbsorbScale.rule()]
-    if target.bias:
-        rules.append(AbsorbBias.rule())
-    return rules
+def absorb_rules() -> list[pattern.RewriteRule]:
+    return [AbsorbCast.rule(), AbsorbScale.rule(), AbsorbBias.rule()]
 
 
 def rule_set(rules: list[pattern.RewriteRule]) -> pattern.RewriteRuleSet:

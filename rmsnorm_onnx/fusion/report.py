@@ -1,4 +1,5 @@
-"""What a fuse run did: norms fused per pattern, candidates skipped per reason, notes."""
+"""What a fuse run did: norms fused per pattern (and with their residual Add), what each norm
+became for the target, candidates skipped per reason, notes."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ class FuseReport:
 
     target: str
     fused: Counter[str] = dataclasses.field(default_factory=Counter)  # pattern -> count
+    with_skip: int = 0  # fused norms that absorbed the residual Add in front of them
+    # what lowering made of each canonical node: "SkipSimplifiedLayerNormalization → SkipRMSNorm"
+    converted: Counter[str] = dataclasses.field(default_factory=Counter)
     skipped: list[Skip] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # partial fusions, opset changes
     verified: bool | None = None  # None: not asked; True: outputs matched in onnxruntime
@@ -39,6 +43,8 @@ class FuseReport:
             "target": self.target,
             "fused": self.fused_count,
             "fused_by_pattern": dict(sorted(self.fused.items())),
+            "with_skip": self.with_skip,
+            "converted": dict(sorted(self.converted.items())),
             "skipped": len(self.skipped),
             "skipped_by_reason": dict(sorted(self.skipped_by_reason.items())),
             "skipped_nodes": [dataclasses.asdict(s) for s in self.skipped],
@@ -47,8 +53,14 @@ class FuseReport:
         }
 
     def summary(self, *, verbose: bool = False) -> str:
-        lines = [f"fused {self.fused_count} RMSNorm(s) into target '{self.target}'"]
+        head = f"fused {self.fused_count} RMSNorm(s)"
+        if self.with_skip:
+            head += f", {self.with_skip} with their residual Add"
+        lines = [f"{head} into target '{self.target}'"]
         lines += [f"  {n:4d} x {pattern}" for pattern, n in sorted(self.fused.items())]
+        if self.converted:
+            lines.append("written as")
+            lines += [f"  {n:4d} x {what}" for what, n in sorted(self.converted.items())]
         lines.append(f"skipped {len(self.skipped)} candidate(s)")
         lines += [f"  {n:4d} x {reason}" for reason, n in sorted(self.skipped_by_reason.items())]
         if verbose:

@@ -68,6 +68,11 @@ def fits_normalized(param: ir.Value, x: ir.Value, n_axes: int | None) -> str | N
     p_dims = list(param.shape)
     x_dims = list(x.shape) if x.shape is not None else None
     limit = n_axes if n_axes is not None else (len(x_dims) if x_dims is not None else None)
+    if limit is None and len(p_dims) > 1:
+        return (
+            f"'{param.name}' has {len(p_dims)} dims and the input's rank is unknown: "
+            "broadcasting could add dims"
+        )
     if limit is not None and len(p_dims) > limit:
         return (
             f"'{param.name}' of shape {_shape_text(p_dims)} broadcasts over axes outside the "
@@ -102,3 +107,41 @@ def _shape_text(dims: list[object] | None) -> str:
         + ",".join(str(d) if isinstance(d, int) else str(getattr(d, "value", d)) for d in dims)
         + "]"
     )
+
+
+def adds_dims(const: ir.Value | None, x: ir.Value, min_rank: int) -> str | None:
+    """Why broadcasting constant ``const`` against ``x`` could add dims to the result, or None.
+
+    ``min_rank`` is the rank x is known to have at least (the reduced axes prove it) when its
+    shape is unknown: a constant of more dims would make the unfused output larger than x.
+    """
+    if const is None:
+        return None
+    array = constant_array(const, max_size=1)
+    ndim = array.ndim if array is not None else (len(const.shape) if const.shape else 0)
+    x_rank = rank(x)
+    bound = x_rank if x_rank is not None else min_rank
+    if ndim <= bound:
+        return None
+    if x_rank is None:
+        return (
+            f"constant '{const.name}' has {ndim} dims and the input's rank is unknown: "
+            "broadcasting could add dims"
+        )
+    return f"constant '{const.name}' has more dims than the input (it broadcasts)"
+
+
+def dim_tokens(value: ir.Value) -> tuple[object, ...] | None:
+    """The value's dims as comparable tokens: ints, symbolic names, or a fresh object for an
+    unknown dim (equal to nothing else); None when the rank is unknown."""
+    if value.shape is None:
+        return None
+    tokens: list[object] = []
+    for d in value.shape:
+        if isinstance(d, int):
+            tokens.append(d)
+        elif isinstance(d, ir.SymbolicDim) and d.value is not None:
+            tokens.append(f"sym:{d.value}")
+        else:
+            tokens.append(object())
+    return tuple(tokens)

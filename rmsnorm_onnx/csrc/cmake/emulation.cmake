@@ -11,6 +11,8 @@ add_library(rmsnorm_onnx_emulated SHARED
   "${CMAKE_CURRENT_LIST_DIR}/../cuda/emulator.cc")
 target_include_directories(rmsnorm_onnx_emulated PRIVATE "${CMAKE_CURRENT_LIST_DIR}/..")
 target_compile_features(rmsnorm_onnx_emulated PRIVATE cxx_std_17)
+find_package(Threads REQUIRED)  # the launch-protocol tests race threads
+target_link_libraries(rmsnorm_onnx_emulated PRIVATE Threads::Threads)
 set_target_properties(rmsnorm_onnx_emulated PROPERTIES
   CXX_VISIBILITY_PRESET hidden
   VISIBILITY_INLINES_HIDDEN ON

@@ -1,46 +1,67 @@
 // From a LaunchConfig (runtime values) to one compiled instantiation of the kernel body:
 // shared by the CUDA launcher and the emulation, so both run the same set of kernels.
+//
+// Compiled: per X type, the specialized families (full vectors only; warp mode with 1 or 2
+// vectors per lane, block mode with 2) and Generic (full vectors or element-wide; 2 vectors per
+// lane), each for RMSNorm and SkipRMSNorm.
 #pragma once
+#include <type_traits>
+
 #include "cuda/launch_config.h"
 
 namespace rmsnorm_onnx::cuda {
 
-// Calls f.template Run<T, VEC, ITEMS, M>() for the configuration; false when no instantiation
-// matches (a bug in ChooseLaunchConfig, reported as an error rather than a wrong launch).
-template <typename T, int VEC, class F>
-bool DispatchMode(const LaunchConfig& c, F& f) {
-  switch (c.mode) {
-    case Mode::kWarpRegisters:
-      switch (c.items) {
-        case 1: return f.template Run<T, VEC, 1, Mode::kWarpRegisters>(), true;
-        case 2: return f.template Run<T, VEC, 2, Mode::kWarpRegisters>(), true;
-        case 4: return f.template Run<T, VEC, 4, Mode::kWarpRegisters>(), true;
-        default: return false;
-      }
-    case Mode::kBlockRegisters:  // the block grows with the row: always 4 vectors per thread
-      if (c.items != kMaxBlockItems) return false;
-      return f.template Run<T, VEC, kMaxBlockItems, Mode::kBlockRegisters>(), true;
-    case Mode::kBlockShared: return f.template Run<T, VEC, 0, Mode::kBlockShared>(), true;
-    case Mode::kBlockReread: return f.template Run<T, VEC, 0, Mode::kBlockReread>(), true;
+// Calls f.template Run<T, VEC, ITEMS, M, F, SKIP>(); false when no instantiation matches (a bug
+// in ChooseLaunchConfig, reported as an error rather than a wrong launch).
+template <typename T, int VEC, Family F, class Fn>
+bool DispatchItems(const LaunchConfig& c, Fn& f) {
+  auto run = [&](auto items, auto mode) {
+    constexpr int kItems = decltype(items)::value;
+    constexpr Mode kMode = decltype(mode)::value;
+    if (c.skip) {
+      f.template Run<T, VEC, kItems, kMode, F, true>();
+    } else {
+      f.template Run<T, VEC, kItems, kMode, F, false>();
+    }
+    return true;
+  };
+  using Warp = std::integral_constant<Mode, Mode::kWarp>;
+  using Block = std::integral_constant<Mode, Mode::kBlock>;
+  using Two = std::integral_constant<int, kRegisterItems>;
+  if (c.mode == Mode::kBlock) return c.items == kRegisterItems && run(Two{}, Block{});
+  if (c.items == kRegisterItems) return run(Two{}, Warp{});
+  if constexpr (F != Family::kGeneric) {
+    if (c.items == 1) return run(std::integral_constant<int, 1>{}, Warp{});
   }
   return false;
 }
 
-template <typename T, class F>
-bool DispatchVec(const LaunchConfig& c, F& f) {
+template <typename T, class Fn>
+bool DispatchFamily(const LaunchConfig& c, Fn& f) {
   constexpr int kFull = kVectorBytes / sizeof(T);
-  if (c.vec == kFull) return DispatchMode<T, kFull>(c, f);
-  if (c.vec == 1) return DispatchMode<T, 1>(c, f);
-  return false;
+  if (c.family == Family::kGeneric) {
+    if (c.vec == kFull) return DispatchItems<T, kFull, Family::kGeneric>(c, f);
+    if (c.vec == 1) return DispatchItems<T, 1, Family::kGeneric>(c, f);
+    return false;
+  }
+  if (c.vec != kFull) return false;
+  switch (c.family) {
+    case Family::kNoScale: return DispatchItems<T, kFull, Family::kNoScale>(c, f);
+    case Family::kScaleSame: return DispatchItems<T, kFull, Family::kScaleSame>(c, f);
+    case Family::kScaleF32:  // float32 X: its float32 scale is kScaleSame
+      if constexpr (std::is_same_v<T, float>) return false;
+      else return DispatchItems<T, kFull, Family::kScaleF32>(c, f);
+    default: return false;
+  }
 }
 
 // P supplies the storage types of half and bfloat16 (CUDA's, or the host emulation's).
-template <class P, class F>
-bool Dispatch(DType t, const LaunchConfig& c, F& f) {
+template <class P, class Fn>
+bool Dispatch(DType t, const LaunchConfig& c, Fn& f) {
   switch (t) {
-    case DType::kFloat32: return DispatchVec<float>(c, f);
-    case DType::kFloat16: return DispatchVec<typename P::Half>(c, f);
-    case DType::kBFloat16: return DispatchVec<typename P::BFloat16>(c, f);
+    case DType::kFloat32: return DispatchFamily<float>(c, f);
+    case DType::kFloat16: return DispatchFamily<typename P::Half>(c, f);
+    case DType::kBFloat16: return DispatchFamily<typename P::BFloat16>(c, f);
   }
   return false;
 }

@@ -1,16 +1,22 @@
 // librmsnorm_onnx_emulated: the CUDA kernel body of rmsnorm_kernel.h run on the host by the fiber
-// emulator, with the launch configuration rmsnorm.cu would choose. A plain C API for the tests
-// (tests/test_cuda_emulated.py, through ctypes); not part of the custom-op library.
+// emulator, with the launch configuration rmsnorm.cu would choose; and rmsnorm.cu's launch
+// protocol (launcher.h) over a fake driver. A plain C API for the tests (tests/cuda_emulator.py,
+// through ctypes); not part of the custom-op library.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/dispatch.h"
 #include "cuda/emulator.h"
 #include "cuda/launch.h"
 #include "cuda/launch_config.h"
+#include "cuda/launcher.h"
 #include "cuda/primitives_host.h"
 #include "cuda/rmsnorm_kernel.h"
 
@@ -22,21 +28,23 @@ struct EmulatedLaunch {
   uint64_t schedule_seed;
   KernelArgs args;
   std::vector<emu::Region> regions;
+  emu::RunStats stats;
   std::string error;
 
-  template <typename T, int VEC, int ITEMS, Mode M>
+  template <typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
   static void Thread(void* self) {
-    RmsNormRows<HostPrimitives, T, VEC, ITEMS, M>(static_cast<EmulatedLaunch*>(self)->args);
+    NormRows<HostPrimitives, T, VEC, ITEMS, M, F, SKIP>(static_cast<EmulatedLaunch*>(self)->args);
   }
 
-  template <typename T, int VEC, int ITEMS, Mode M>
+  template <typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
   void Run() {
     emu::LaunchShape shape;
     shape.grid = config.grid;
     shape.block = config.threads;
     shape.dynamic_smem_bytes = config.smem_bytes;
     shape.schedule_seed = schedule_seed;
-    error = emu::Run(shape, regions, &EmulatedLaunch::Thread<T, VEC, ITEMS, M>, this);
+    error = emu::Run(shape, regions, &EmulatedLaunch::Thread<T, VEC, ITEMS, M, F, SKIP>, this,
+                     &stats);
   }
 };
 
@@ -47,6 +55,50 @@ void CopyError(const std::string& message, char* error, int64_t error_len) {
   error[n] = '\0';
 }
 
+// launcher.h's driver policy with CUDA's semantics where the protocol depends on them: the
+// shared-memory limit is an attribute of the kernel (process-wide), a launch over it fails, and a
+// failed call also lands in a last-error slot that only ClearLastError empties.
+struct FakeDriver {
+  std::mutex mutex;
+  std::map<const void*, int> limit;
+  std::atomic<int64_t> raises{0}, failures{0};
+  int last_error = 0;
+  int launch_error = 0;  // what every launch returns (0: success)
+
+  int GetDevice(int* device) {
+    *device = 0;
+    return 0;
+  }
+  int RaiseSharedLimit(const void* kernel, int bytes) {
+    ++raises;
+    std::lock_guard<std::mutex> lock(mutex);
+    limit[kernel] = bytes;
+    return 0;
+  }
+  int Launch(const void* kernel, const LaunchConfig& c, const KernelArgs&, void*) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = limit.find(kernel);
+    const int allowed = it == limit.end() ? kDefaultSharedBytes : it->second;
+    const int error = c.smem_bytes > allowed ? 1 : launch_error;
+    if (error != 0) {
+      ++failures;
+      last_error = error;
+    }
+    return error;
+  }
+  void ClearLastError() {
+    std::lock_guard<std::mutex> lock(mutex);
+    last_error = 0;
+  }
+  const char* ErrorString(int error) {
+    switch (error) {
+      case 1: return "fake driver: too much dynamic shared memory";
+      case 2: return "fake driver: an earlier, unrelated error";
+      default: return "fake driver: launch failed";
+    }
+  }
+};
+
 }  // namespace
 }  // namespace rmsnorm_onnx::cuda
 
@@ -55,94 +107,167 @@ using rmsnorm_onnx::cuda::LaunchConfig;
 
 extern "C" {
 
-// Mirrors LaunchConfig for ctypes (tests/test_cuda_emulated.py).
-struct RmsnormEmulatedConfig {
-  int32_t mode, vec, items, threads, rows_per_block, smem_bytes;
-  int64_t grid;
-  int32_t register_words;
+// Mirrors launch.h's Params for ctypes, with the element counts of scale/bias (the regions the
+// emulator lets the kernel read); pointers as addresses.
+struct RmsnormEmulatedParams {
+  uint64_t x, y, scale, bias, skip, sum;
+  int32_t x_type, scale_type, bias_type, eps_outside;
+  int64_t rows, cols, scale_inner, scale_period, bias_inner, bias_period, skip_rows;
+  int64_t scale_count, bias_count;
+  float epsilon;
 };
 
-static void ExportConfig(const LaunchConfig& c, DType t, RmsnormEmulatedConfig* out) {
+// Mirrors LaunchConfig for ctypes, with what a run did.
+struct RmsnormEmulatedConfig {
+  int32_t mode, family, skip, vec, items, lanes, threads, rows_per_block, smem_bytes;
+  int64_t grid;
+  int64_t threads_launched, threads_loading, row_data_bytes;  // emu::RunStats (runs only)
+};
+
+static rmsnorm_onnx::cuda::Params ToParams(const RmsnormEmulatedParams& e) {
+  rmsnorm_onnx::cuda::Params p;
+  p.x = reinterpret_cast<const void*>(e.x);
+  p.y = reinterpret_cast<void*>(e.y);
+  p.scale = reinterpret_cast<const void*>(e.scale);
+  p.bias = reinterpret_cast<const void*>(e.bias);
+  p.skip = reinterpret_cast<const void*>(e.skip);
+  p.sum = reinterpret_cast<void*>(e.sum);
+  p.x_type = static_cast<DType>(e.x_type);
+  p.scale_type = static_cast<DType>(e.scale_type);
+  p.bias_type = static_cast<DType>(e.bias_type);
+  p.rows = e.rows;
+  p.cols = e.cols;
+  p.scale_inner = e.scale_inner;
+  p.scale_period = e.scale_period;
+  p.bias_inner = e.bias_inner;
+  p.bias_period = e.bias_period;
+  p.epsilon = e.epsilon;
+  p.eps_outside = e.eps_outside != 0;
+  p.skip_rows = e.skip_rows;
+  return p;
+}
+
+static void ExportConfig(const LaunchConfig& c, RmsnormEmulatedConfig* out) {
+  *out = RmsnormEmulatedConfig{};
   out->mode = static_cast<int32_t>(c.mode);
+  out->family = static_cast<int32_t>(c.family);
+  out->skip = c.skip;
   out->vec = c.vec;
   out->items = c.items;
+  out->lanes = c.lanes;
   out->threads = c.threads;
   out->rows_per_block = c.rows_per_block;
   out->smem_bytes = c.smem_bytes;
   out->grid = c.grid;
-  out->register_words = rmsnorm_onnx::cuda::RegisterCacheWords(c, t);
+}
+
+static bool ValidTypes(const RmsnormEmulatedParams& e) {
+  namespace rc = rmsnorm_onnx::cuda;
+  return rc::IsDType(e.x_type) && rc::IsDType(e.scale_type) && rc::IsDType(e.bias_type);
 }
 
 // The launch configuration rmsnorm.cu would choose. Returns 0, or -1 for an unknown dtype.
 __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_config(
-    int32_t x_type, int64_t rows, int64_t cols, uint64_t x_addr, uint64_t y_addr,
-    int32_t max_smem_bytes, int64_t max_grid, RmsnormEmulatedConfig* out) {
-  if (!rmsnorm_onnx::cuda::IsDType(x_type) || out == nullptr) return -1;
-  const auto t = static_cast<DType>(x_type);
-  ExportConfig(rmsnorm_onnx::cuda::ChooseLaunchConfig(t, rows, cols, x_addr, y_addr,
-                                                      max_smem_bytes, max_grid),
-               t, out);
+    const RmsnormEmulatedParams* params, int32_t max_smem_bytes, int64_t max_grid,
+    RmsnormEmulatedConfig* out) {
+  if (params == nullptr || out == nullptr || !ValidTypes(*params)) return -1;
+  ExportConfig(rmsnorm_onnx::cuda::ChooseLaunchConfig(ToParams(*params), max_smem_bytes, max_grid),
+               out);
   return 0;
 }
 
-// Runs the kernel body on host buffers. `*_count`: elements of scale/bias (the regions the
-// emulator lets the kernel read). `max_smem_bytes` stands for the device (its opt-in limit less
-// the static slots); `max_grid` caps the grid as a GPU's limit would, to exercise row striding;
-// `schedule_seed`: 0 runs a block's threads round robin, else in a seeded random interleaving.
-// Returns 0, or -1 with a message in `error` (parameter check, bad access, deadlock).
+// Runs the kernel body on host buffers. `max_smem_bytes` stands for the device (its opt-in limit
+// less the static slots); `max_grid` caps the grid as a GPU's limit would, to exercise row
+// striding; `schedule_seed`: 0 runs a block's threads round robin, else in a seeded random
+// interleaving. Returns 0, or -1 with a message in `error` (parameter check, bad access, deadlock).
 __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
-    const void* x, void* y, const void* scale, int64_t scale_count, const void* bias,
-    int64_t bias_count, int32_t x_type, int32_t scale_type, int32_t bias_type, int64_t rows,
-    int64_t cols, int64_t scale_inner, int64_t scale_period, int64_t bias_inner,
-    int64_t bias_period, float epsilon, int32_t eps_outside, int32_t max_smem_bytes,
-    int64_t max_grid, uint64_t schedule_seed, RmsnormEmulatedConfig* used, char* error,
-    int64_t error_len) {
+    const RmsnormEmulatedParams* params, int32_t max_smem_bytes, int64_t max_grid,
+    uint64_t schedule_seed, RmsnormEmulatedConfig* used, char* error, int64_t error_len) {
   namespace rc = rmsnorm_onnx::cuda;
-  if (!rc::IsDType(x_type) || !rc::IsDType(scale_type) || !rc::IsDType(bias_type)) {
+  if (params == nullptr || !ValidTypes(*params)) {
     rc::CopyError("unknown dtype code", error, error_len);
     return -1;
   }
-  rc::Params p;
-  p.x = x;
-  p.y = y;
-  p.scale = scale;
-  p.bias = bias;
-  p.x_type = static_cast<DType>(x_type);
-  p.scale_type = static_cast<DType>(scale_type);
-  p.bias_type = static_cast<DType>(bias_type);
-  p.rows = rows;
-  p.cols = cols;
-  p.scale_inner = scale_inner;
-  p.scale_period = scale_period;
-  p.bias_inner = bias_inner;
-  p.bias_period = bias_period;
-  p.epsilon = epsilon;
-  p.eps_outside = eps_outside != 0;
+  const rc::Params p = ToParams(*params);
   if (const char* e = rc::CheckParams(p)) {
     rc::CopyError(e, error, error_len);
     return -1;
   }
-  if (rows == 0 || cols == 0) return 0;
-  const LaunchConfig config =
-      rc::ChooseLaunchConfig(p.x_type, rows, cols, reinterpret_cast<uintptr_t>(x),
-                             reinterpret_cast<uintptr_t>(y), max_smem_bytes, max_grid);
-  if (used != nullptr) ExportConfig(config, p.x_type, used);
-  const size_t bytes = static_cast<size_t>(rows * cols) * rc::ElementBytes(p.x_type);
-  rc::EmulatedLaunch launch{config, schedule_seed, rc::MakeKernelArgs(p), {}, {}};
+  if (p.rows == 0 || p.cols == 0) return 0;
+  const LaunchConfig config = rc::ChooseLaunchConfig(p, max_smem_bytes, max_grid);
+  const size_t es = rc::ElementBytes(p.x_type);
+  const size_t bytes = static_cast<size_t>(p.rows * p.cols) * es;
+  const size_t skip_bytes = static_cast<size_t>(p.skip_rows * p.cols) * es;
+  rc::EmulatedLaunch launch{config, schedule_seed, rc::MakeKernelArgs(p, config), {}, {}, {}};
   launch.regions = {
-      {x, bytes, false, "X"},
-      {y, bytes, true, "Y"},
-      {scale, static_cast<size_t>(scale_count) * rc::ElementBytes(p.scale_type), false, "scale"},
-      {bias, static_cast<size_t>(bias_count) * rc::ElementBytes(p.bias_type), false, "bias"},
+      {p.x, bytes, false, "X", true},
+      {p.y, bytes, true, "Y"},
+      {p.skip, p.skip ? skip_bytes : 0, false, "skip", true},
+      {p.sum, p.sum ? bytes : 0, true, "S"},
+      {p.scale, static_cast<size_t>(params->scale_count) * rc::ElementBytes(p.scale_type), false,
+       "scale"},
+      {p.bias, static_cast<size_t>(params->bias_count) * rc::ElementBytes(p.bias_type), false,
+       "bias"},
   };
   if (!rc::Dispatch<rc::HostPrimitives>(p.x_type, config, launch)) {
     rc::CopyError("no kernel compiled for the chosen launch configuration", error, error_len);
     return -1;
   }
+  if (used != nullptr) {
+    ExportConfig(config, used);
+    used->threads_launched = launch.stats.threads;
+    used->threads_loading = launch.stats.loading_threads;
+    used->row_data_bytes = launch.stats.row_data_bytes;
+  }
   if (!launch.error.empty()) {
     rc::CopyError(launch.error, error, error_len);
     return -1;
   }
+  return 0;
+}
+
+// launcher.h, bug 1: `threads` threads each launch `launches` times, alternating between a
+// long-row configuration over the default shared-memory limit and a larger one, all on one kernel
+// and device. Out: how often the limit was raised, how many launches failed, the limit left.
+__attribute__((visibility("default"))) int rmsnorm_onnx_emulated_shared_limit_race(
+    int32_t threads, int32_t launches, int32_t max_smem_bytes, int64_t* raises,
+    int64_t* failures, int64_t* limit) {
+  namespace rc = rmsnorm_onnx::cuda;
+  rc::FakeDriver driver;
+  rc::SharedLimitRegistry registry;
+  static const int kernel = 0;  // any address stands for a kernel
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int i = 0; i < launches; ++i) {
+        LaunchConfig c;
+        c.smem_bytes = (i + t) % 2 ? max_smem_bytes : rc::kDefaultSharedBytes + 1024;
+        rc::LaunchKernel(driver, registry, &kernel, c, rc::KernelArgs{}, max_smem_bytes, nullptr);
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  *raises = driver.raises;
+  *failures = driver.failures;
+  *limit = driver.limit.count(&kernel) ? driver.limit[&kernel] : -1;
+  return 0;
+}
+
+// launcher.h, bug 2: with an earlier, unrelated error pending in the last-error slot, a launch
+// that succeeds must report success (`launch_error` 0), and a launch that fails its own error.
+// Returns the message (empty on success); `*pending_after`: the last-error slot afterwards.
+__attribute__((visibility("default"))) int rmsnorm_onnx_emulated_stale_error(
+    int32_t launch_error, int32_t* pending_after, char* error, int64_t error_len) {
+  namespace rc = rmsnorm_onnx::cuda;
+  rc::FakeDriver driver;
+  rc::SharedLimitRegistry registry;
+  driver.last_error = 2;  // left by someone else's failed call
+  driver.launch_error = launch_error;
+  static const int kernel = 0;
+  const char* e = rc::LaunchKernel(driver, registry, &kernel, LaunchConfig{}, rc::KernelArgs{},
+                                   rc::kDefaultSharedBytes, nullptr);
+  rc::CopyError(e ? e : "", error, error_len);
+  *pending_after = driver.last_error;
   return 0;
 }
 

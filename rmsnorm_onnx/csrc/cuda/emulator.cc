@@ -33,6 +33,7 @@ struct Fiber {
   Barrier* waiting = nullptr;  // blocked until waiting->generation != waiting_generation
   uint64_t waiting_generation = 0;
   uint64_t shuffles = 0;  // shuffles done by this lane: selects the exchange buffer
+  bool loaded_row_data = false;
 };
 
 // Exchange buffers of one warp, double-buffered so a shuffle needs one barrier, not two: a lane
@@ -57,12 +58,13 @@ struct Machine {
   Fiber fibers[kMaxBlock];
   Warp warps[kMaxBlock / kWarp];
   Barrier block_barrier;
-  float slots[2 * kWarp];
+  float slots[4 * kWarp];
   std::vector<Chunk16> smem;
   ucontext_t scheduler;
   Fiber* current = nullptr;
   std::string error;
   int64_t errors = 0;
+  int64_t row_data_bytes = 0;
 };
 
 std::mutex g_run_mutex;       // one emulated launch at a time
@@ -138,6 +140,10 @@ bool Check(const void* device, size_t bytes, size_t align, bool write) {
       Fail("store into read-only %s at %p", r.name, device);
       return false;
     }
+    if (!write && r.row_data && m.current) {
+      m.current->loaded_row_data = true;
+      m.row_data_bytes += static_cast<int64_t>(bytes);
+    }
     return true;
   }
   Fail("out-of-bounds %zu-byte %s at %p", bytes, access, device);
@@ -147,7 +153,7 @@ bool Check(const void* device, size_t bytes, size_t align, bool write) {
 }  // namespace
 
 std::string Run(const LaunchShape& shape, const std::vector<Region>& regions,
-                void (*body)(void*), void* arg) {
+                void (*body)(void*), void* arg, RunStats* stats) {
   if (shape.block < kWarp || shape.block > kMaxBlock || shape.block % kWarp != 0)
     return "emulator: block size must be a multiple of 32 in [32, 1024]";
   if (shape.grid < 1) return "emulator: grid must be >= 1";
@@ -213,7 +219,12 @@ std::string Run(const LaunchShape& shape, const std::vector<Region>& regions,
         break;  // the blocked fibers are abandoned; their stacks are reused by the next launch
       }
     }
+    if (stats != nullptr) {
+      stats->threads += shape.block;
+      for (int t = 0; t < shape.block; ++t) stats->loading_threads += m.fibers[t].loaded_row_data;
+    }
   }
+  if (stats != nullptr) stats->row_data_bytes += m.row_data_bytes;
   g_machine = nullptr;
   if (m.errors > 1) m.error += " [+" + std::to_string(m.errors - 1) + " more]";
   return m.error;

@@ -14,7 +14,7 @@
 // promise (say, reusing shared memory without a barrier) computes wrong values under some seed.
 //
 // Memory is checked: every Load/Store of the kernel must fall inside a registered region (X,
-// scale, bias read-only; Y; the block's dynamic shared memory) and be aligned to its access size,
+// skip, scale, bias read-only; Y, S; the block's dynamic shared memory) and be aligned to its access size,
 // as a GPU requires of vector accesses. A thread that exits while others wait at a barrier, or
 // shuffle masks that differ within a warp, are reported as errors too.
 #pragma once
@@ -30,6 +30,14 @@ struct Region {
   size_t bytes = 0;
   bool writable = false;
   const char* name = "";
+  bool row_data = false;  // X or skip: a thread loading from it counts as moving row data
+};
+
+// What a launch did, for tests of how well the lanes are used.
+struct RunStats {
+  int64_t threads = 0;          // launched: grid x block
+  int64_t loading_threads = 0;  // of which loaded at least one element of a row_data region
+  int64_t row_data_bytes = 0;   // bytes loaded from row_data regions, by all threads
 };
 
 struct LaunchShape {
@@ -41,7 +49,7 @@ struct LaunchShape {
 
 // Runs body(arg) as every thread of every block; "" on success, else the first error found.
 std::string Run(const LaunchShape& shape, const std::vector<Region>& regions,
-                void (*body)(void*), void* arg);
+                void (*body)(void*), void* arg, RunStats* stats = nullptr);
 
 // For the primitives, valid only while Run executes a thread.
 int ThreadIdx();

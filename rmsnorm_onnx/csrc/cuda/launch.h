@@ -5,7 +5,9 @@ namespace rmsnorm_onnx::cuda {
 
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
-// One RMSNorm launch over a [rows, cols] view of X (cols = prod(X.shape[axis:])).
+// One RMSNorm or SkipRMSNorm launch over a [rows, cols] view of X (cols = prod(X.shape[axis:])).
+// SkipRMSNorm (skip != nullptr) normalizes S = X + skip, rounded to X's type, instead of X, and
+// stores S where `sum` points (when the graph asks for it).
 struct Params {
   const void* x = nullptr;
   void* y = nullptr;
@@ -22,6 +24,11 @@ struct Params {
   int64_t bias_inner = 1, bias_period = 1;
   float epsilon = 1e-6f;
   bool eps_outside = false;
+  // SkipRMSNorm: X's type, [skip_rows, cols]; row r of X adds row r % skip_rows of skip
+  // (skip_rows divides rows: a skip broadcast over X's leading dims).
+  const void* skip = nullptr;  // nullptr: plain RMSNorm
+  int64_t skip_rows = 0;
+  void* sum = nullptr;         // S, X's type and shape; nullptr when not requested
 };
 
 // Enqueues the kernel on `stream` (a cudaStream_t) without synchronizing or allocating.

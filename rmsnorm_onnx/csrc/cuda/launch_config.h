@@ -1,6 +1,6 @@
-// Launch configuration of the CUDA RMSNorm kernel: one host-side function, shared by the CUDA
-// launcher (rmsnorm.cu) and the host emulation (emulated_api.cc), so that the emulated tests run
-// exactly the configurations a GPU would get. Plain C++: no CUDA header needed.
+// Launch configuration of the CUDA RMSNorm / SkipRMSNorm kernels: one host-side function, shared
+// by the CUDA launcher (rmsnorm.cu) and the host emulation (emulated_api.cc), so that the emulated
+// tests run exactly the configurations a GPU would get. Plain C++: no CUDA header needed.
 #pragma once
 #include <cstdint>
 
@@ -8,56 +8,58 @@
 
 namespace rmsnorm_onnx::cuda {
 
-// How the threads of a block share rows, and where a row lives between its two passes
-// (sum of squares, then normalize-and-store). Every mode reads the row from global memory once,
-// except kBlockReread.
+// How the threads share rows. Both modes read a row from global memory once while it fits the
+// registers (and, in block mode, the shared memory) of its threads.
 enum class Mode : int {
-  kWarpRegisters = 0,   // one warp per row, several rows per block; the row stays in registers
-  kBlockRegisters = 1,  // one block per row; the row stays in registers
-  kBlockShared = 2,     // one block per row; the row is parked in dynamic shared memory
-  kBlockReread = 3,     // one block per row; rows too large for shared memory: the second pass
-                        // reads X again (from L2 for rows up to a few MB, else from HBM)
+  kWarp = 0,   // a row per `lanes` threads of a warp (1..32), several rows per warp and block;
+               // reduction by shuffles only
+  kBlock = 1,  // one block per row (64..1024 threads): ITEMS vectors per thread in registers,
+               // the rest of a long row parked in dynamic shared memory, what still does not
+               // fit read a second time (from L2) in the normalize pass
+};
+
+// What the kernel knows at compile time about scale and bias. Specialized kernels need every row
+// 16-byte aligned in X, skip, Y and S, no bias, and a contiguous scale (or none) at a 16-byte
+// boundary: the common case, with no per-row alignment logic and no runtime type switches (~40
+// registers less). Everything else runs the Generic kernels.
+enum class Family : int {
+  kGeneric = 0,    // runtime scale/bias (types, broadcasts, alignment), rows at any alignment
+  kNoScale = 1,    // no scale, no bias
+  kScaleSame = 2,  // scale in X's type
+  kScaleF32 = 3,   // float32 scale with a half/bfloat16 X
 };
 
 struct LaunchConfig {
-  Mode mode = Mode::kWarpRegisters;
-  int vec = 1;             // elements per vector access: 16 bytes' worth, or 1 (see VectorWidth)
-  int items = 0;           // vectors each thread holds in registers (register modes), else 0
-  int threads = 0;         // threads per block
-  int rows_per_block = 1;  // rows a block works on at once (warps per block in kWarpRegisters)
-  int smem_bytes = 0;      // dynamic shared memory per block
-  int64_t grid = 0;        // blocks; they stride over the rows when rows > grid * rows_per_block
+  Mode mode = Mode::kWarp;
+  Family family = Family::kGeneric;
+  bool skip = false;          // SkipRMSNorm
+  int vec = 1;                // elements per vector access: 16 bytes' worth, or 1 (VectorWidth)
+  int items = 0;              // vectors each thread holds in registers
+  int lanes = 0;              // threads per row (warp mode: 1..32; block mode: the block)
+  int threads = 0;            // threads per block
+  int rows_per_block = 1;     // rows a block works on at once
+  int smem_bytes = 0;         // dynamic shared memory per block (block mode, long rows)
+  int64_t grid = 0;           // blocks; they stride over the rows when rows > grid * rows_per_block
 };
 
 constexpr int kWarpSize = 32;
-constexpr int kVectorBytes = 16;           // LDG.128 / STG.128
-constexpr int kWarpModeThreads = 128;      // 4 rows per block in warp mode
-constexpr int kMaxWarpItems = 4;           // warp mode up to 4 x 32 vectors per row
-constexpr int kMaxBlockItems = 4;          // block mode: up to 512 threads x 4 vectors
-constexpr int kMaxRegisterThreads = 512;   // block register mode (launch bound: 128 registers)
-constexpr int kMaxThreads = 1024;          // shared-memory and reread modes
-constexpr int kMaxRegisterCacheWords = 16; // 4 x 16 B per thread; ptxas spilled 8 x 16 B
-                                           // (bf16 under a 512-thread bound, 16-bit types
-                                           // under 1024)
-constexpr int kStaticSharedBytes = 2 * kWarpSize * 4;  // the block reduction's two slot arrays
+constexpr int kVectorBytes = 16;         // LDG.128 / STG.128
+constexpr int kWarpModeThreads = 128;    // a block of warp mode: 128 / lanes rows at once
+constexpr int kRegisterItems = 2;        // vectors per thread in registers (block mode, and warp
+                                         // mode past 32 vectors): with a preloaded scale and the
+                                         // skip, 4 were over the 64-register budget
+constexpr int kMaxThreads = 1024;        // block mode
+constexpr int kMinBlockThreads = 64;
+constexpr int kMaxGenericThreads = 512;  // Generic's runtime switches need more registers
+constexpr int kStaticSharedBytes = 4 * kWarpSize * 4;  // the block reductions' slot arrays
 constexpr int kDefaultSharedBytes = 48 * 1024 - kStaticSharedBytes;  // without opt-in
-constexpr int64_t kMaxGrid = 0x7fffffff;   // gridDim.x limit
+constexpr int64_t kMaxGrid = 0x7fffffff;  // gridDim.x limit
 
 inline int ElementBytes(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
 inline bool IsDType(int t) { return t >= 0 && t <= 2; }
 
-// Elements per vector access. Rows are aligned one by one (a scalar head of < vec elements brings
-// each row's vector part to a 16-byte boundary; rows of odd width are misaligned differently row
-// after row), so full 16-byte vectors work for any width as long as X and Y are misaligned by
-// the same amount. When they are not (views into a shared buffer; ORT's own allocations are
-// 64-byte aligned and never hit this), no vector is aligned for both, and the kernel falls back
-// to element-wide accesses. Intermediate widths (4 or 8 bytes) would only speed up that rare
-// case and would double the number of kernels compiled for five architectures.
-inline int VectorWidth(DType t, uintptr_t x, uintptr_t y) {
-  const uintptr_t diff = x > y ? x - y : y - x;
-  return diff % kVectorBytes == 0 ? kVectorBytes / ElementBytes(t) : 1;
-}
+inline uintptr_t Addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -67,47 +69,79 @@ inline int NextPow2(int64_t v) {
   return p;
 }
 
-// Registers (32-bit words) one thread uses to keep its share of the row.
-inline int RegisterCacheWords(const LaunchConfig& c, DType t) {
-  const int pack_bytes = c.vec * ElementBytes(t);
-  return c.items * (pack_bytes < 4 ? 1 : pack_bytes / 4);
+// Elements per vector access. Rows are aligned one by one (a scalar head of < vec elements brings
+// each row's vector part to a 16-byte boundary; rows of odd width are misaligned differently row
+// after row), so full 16-byte vectors work for any width as long as X, skip, Y and S rows are
+// misaligned by the same amount in every row. When they are not (views into a shared buffer;
+// ORT's own allocations are 256-byte aligned and never hit this), no vector is aligned for all,
+// and the kernel falls back to element-wide accesses.
+inline int VectorWidth(const Params& p) {
+  const uintptr_t x = Addr(p.x) % kVectorBytes;
+  const int full = kVectorBytes / ElementBytes(p.x_type);
+  if (Addr(p.y) % kVectorBytes != x) return 1;
+  if (p.skip != nullptr) {
+    if (Addr(p.skip) % kVectorBytes != x) return 1;
+    // a broadcast skip row r % skip_rows: its misalignment follows X's only if the distance
+    // between X rows r and r % skip_rows (a multiple of skip_rows rows) is whole vectors
+    const int64_t period_bytes = p.skip_rows * p.cols * ElementBytes(p.x_type);
+    if (p.skip_rows != p.rows && period_bytes % kVectorBytes != 0) return 1;
+  }
+  if (p.sum != nullptr && Addr(p.sum) % kVectorBytes != x) return 1;
+  return full;
 }
 
-// The configuration for a [rows, cols] launch. `max_smem_bytes`: dynamic shared memory a block may
-// use on the device (opt-in limit less kStaticSharedBytes). `max_grid` caps the blocks launched
-// (tests lower it to exercise the row-striding loop).
-inline LaunchConfig ChooseLaunchConfig(DType t, int64_t rows, int64_t cols, uintptr_t x,
-                                       uintptr_t y, int max_smem_bytes = kDefaultSharedBytes,
+// Which kernel family fits the launch (see Family).
+inline Family ChooseFamily(const Params& p, int vec) {
+  const bool aligned = vec > 1 && Addr(p.x) % kVectorBytes == 0 &&
+                       (p.cols * ElementBytes(p.x_type)) % kVectorBytes == 0;
+  if (!aligned || p.bias != nullptr) return Family::kGeneric;
+  if (p.scale == nullptr) return Family::kNoScale;
+  if (p.scale_inner != 1 || p.scale_period != p.cols || Addr(p.scale) % kVectorBytes != 0)
+    return Family::kGeneric;
+  return p.scale_type == p.x_type ? Family::kScaleSame : Family::kScaleF32;
+}
+
+// The configuration for a launch. `max_smem_bytes`: dynamic shared memory a block may use on the
+// device (opt-in limit less kStaticSharedBytes). `max_grid` caps the blocks launched (tests lower
+// it to exercise the row-striding loop).
+inline LaunchConfig ChooseLaunchConfig(const Params& p, int max_smem_bytes = kDefaultSharedBytes,
                                        int64_t max_grid = kMaxGrid) {
   LaunchConfig c;
-  c.vec = VectorWidth(t, x, y);
-  const int pack_bytes = c.vec * ElementBytes(t);
-  // Whole vectors in a row at most (the head and tail scalars are held on the side).
-  const int64_t vectors = cols / c.vec;
-  if (vectors <= int64_t{kWarpSize} * kMaxWarpItems) {
-    // Small rows: a block-wide reduction (barrier + shared memory) would cost more than moving
-    // the row; a warp owns the row and reduces with shuffles only.
-    c.mode = Mode::kWarpRegisters;
+  c.vec = VectorWidth(p);
+  c.family = ChooseFamily(p, c.vec);
+  c.skip = p.skip != nullptr;
+  const bool generic = c.family == Family::kGeneric;
+  const int pack_bytes = c.vec * ElementBytes(p.x_type);
+  const int64_t vectors = p.cols / c.vec;  // whole vectors in a row at most
+  if (vectors <= int64_t{kWarpSize} * kRegisterItems) {
+    // Small rows: as many lanes as the row has vectors (rounded up to a power of two), so every
+    // lane loads; 32 / lanes rows per warp. A block-wide reduction would cost more than the row.
+    c.mode = Mode::kWarp;
+    c.items = generic || vectors > kWarpSize ? kRegisterItems : 1;
+    c.lanes = NextPow2(CeilDiv(vectors, c.items));
+    // Generic: lanes 0..vec-2 hold the row's head and tail scalars (each < vec)
+    if (generic && c.lanes < c.vec) c.lanes = c.vec;
+    if (c.lanes > kWarpSize) c.lanes = kWarpSize;
     c.threads = kWarpModeThreads;
-    c.rows_per_block = kWarpModeThreads / kWarpSize;
-    c.items = NextPow2(CeilDiv(vectors < 1 ? 1 : vectors, kWarpSize));
-  } else if (vectors <= int64_t{kMaxRegisterThreads} * kMaxBlockItems) {
-    // One block per row, its size growing with the row so that each thread keeps up to 4
-    // vectors in flight (64 B; with several blocks per SM, enough to cover HBM latency).
-    c.mode = Mode::kBlockRegisters;
-    // threads = 64..512 lies in [vectors/4, vectors/2): items = 4 every time.
-    const int64_t want = NextPow2(CeilDiv(vectors, kMaxBlockItems));
-    c.threads = static_cast<int>(want < kMaxRegisterThreads ? want : kMaxRegisterThreads);
-    c.items = NextPow2(CeilDiv(vectors, c.threads));
-  } else if (vectors * pack_bytes <= max_smem_bytes) {
-    c.mode = Mode::kBlockShared;
-    c.threads = kMaxThreads;
-    c.smem_bytes = static_cast<int>(vectors * pack_bytes);
+    c.rows_per_block = kWarpModeThreads / c.lanes;
   } else {
-    c.mode = Mode::kBlockReread;
-    c.threads = kMaxThreads;
+    // One block per row, as large as the row needs for 2 vectors per thread; longer rows park
+    // their other vectors in shared memory, as many as the device allows.
+    c.mode = Mode::kBlock;
+    c.items = kRegisterItems;
+    const int max_threads = generic ? kMaxGenericThreads : kMaxThreads;
+    const int64_t want = NextPow2(CeilDiv(vectors, c.items));
+    c.threads = static_cast<int>(want < kMinBlockThreads ? kMinBlockThreads
+                                 : want > max_threads    ? max_threads
+                                                         : want);
+    c.lanes = c.threads;
+    const int64_t rest = vectors - int64_t{c.items} * c.threads;
+    if (rest > 0) {
+      const int64_t fit = max_smem_bytes / pack_bytes;
+      c.smem_bytes = static_cast<int>((rest < fit ? rest : fit) * pack_bytes);
+    }
   }
-  const int64_t blocks = CeilDiv(rows, c.rows_per_block);
+  const int64_t blocks = CeilDiv(p.rows, c.rows_per_block);
   c.grid = blocks < max_grid ? blocks : max_grid;
   return c;
 }
@@ -118,11 +152,15 @@ inline const char* CheckParams(const Params& p) {
   if (p.rows < 0 || p.cols < 0) return "rmsnorm_onnx CUDA: negative rows or cols";
   if (p.cols > 0x7fffffff) return "rmsnorm_onnx CUDA: rows of more than 2^31-1 elements";
   if (!(p.epsilon >= 0.0f)) return "rmsnorm_onnx CUDA: epsilon must be >= 0";
+  if (p.sum != nullptr && p.skip == nullptr) return "rmsnorm_onnx CUDA: S without skip";
+  if (p.skip != nullptr && (p.skip_rows < 1 || p.rows % p.skip_rows != 0))
+    return "rmsnorm_onnx CUDA: skip rows must divide X's rows";
   if (p.rows == 0 || p.cols == 0) return nullptr;
   if (p.x == nullptr || p.y == nullptr) return "rmsnorm_onnx CUDA: X or Y is null";
+  // A GPU faults on an access not aligned to its size: element-misaligned tensors are refused.
   const uintptr_t es = ElementBytes(p.x_type);
-  if (reinterpret_cast<uintptr_t>(p.x) % es || reinterpret_cast<uintptr_t>(p.y) % es)
-    return "rmsnorm_onnx CUDA: X or Y is not aligned to its element size";
+  if (Addr(p.x) % es || Addr(p.y) % es || Addr(p.skip) % es || Addr(p.sum) % es)
+    return "rmsnorm_onnx CUDA: X, skip, Y or S is not aligned to its element size";
   struct Param {
     const void* ptr;
     DType type;
@@ -134,7 +172,7 @@ inline const char* CheckParams(const Params& p) {
     if (q.ptr == nullptr) continue;
     if (q.type != p.x_type && q.type != DType::kFloat32)
       return "rmsnorm_onnx CUDA: scale/bias must have X's type or float32";
-    if (reinterpret_cast<uintptr_t>(q.ptr) % ElementBytes(q.type))
+    if (Addr(q.ptr) % ElementBytes(q.type))
       return "rmsnorm_onnx CUDA: scale/bias is not aligned to its element size";
     if (q.inner < 1 || q.period < 1 || q.inner > p.cols || q.period > p.cols)
       return "rmsnorm_onnx CUDA: scale/bias broadcast (inner, period) must lie in [1, cols]";

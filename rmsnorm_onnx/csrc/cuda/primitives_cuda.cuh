@@ -15,7 +15,6 @@ struct CudaPrimitives {
   using BFloat16 = __nv_bfloat16;
 
   __device__ __forceinline__ static int ThreadIdx() { return static_cast<int>(threadIdx.x); }
-  __device__ __forceinline__ static int Lane() { return static_cast<int>(threadIdx.x) & 31; }
   __device__ __forceinline__ static int Warp() { return static_cast<int>(threadIdx.x) >> 5; }
   __device__ __forceinline__ static int BlockDim() { return static_cast<int>(blockDim.x); }
   __device__ __forceinline__ static int64_t BlockIdx() { return blockIdx.x; }
@@ -24,6 +23,7 @@ struct CudaPrimitives {
   __device__ __forceinline__ static float ShflXor(float v, int mask) {
     return __shfl_xor_sync(0xffffffffu, v, mask);
   }
+  __device__ __forceinline__ static bool AnySync(bool v) { return __any_sync(0xffffffffu, v); }
   __device__ __forceinline__ static void SyncThreads() { __syncthreads(); }
 
   __device__ __forceinline__ static float* ReductionSlots() {
@@ -39,6 +39,37 @@ struct CudaPrimitives {
   template <typename V>
   __device__ __forceinline__ static V Load(const V* p) {
     return *p;
+  }
+  // X, skip, scale and bias: never written during the kernel, so the non-coherent read-only
+  // path (LDG.NC) may serve them and the compiler may move them ahead of stores to Y and S.
+  template <typename V>
+  __device__ __forceinline__ static V LoadReadOnly(const V* p) {
+    using W = std::conditional_t<sizeof(V) == 16, int4,
+              std::conditional_t<sizeof(V) == 8, int2,
+              std::conditional_t<sizeof(V) == 4, int, unsigned short>>>;
+    static_assert(sizeof(W) == sizeof(V), "a 2, 4, 8 or 16-byte access");
+    const W w = __ldg(reinterpret_cast<const W*>(p));
+    V v;
+    memcpy(&v, &w, sizeof(V));
+    return v;
+  }
+  // Brings [p, p + bytes) into L1 without registers (bytes: 16 or 32, within one 128-byte line
+  // or two).
+  __device__ __forceinline__ static void Prefetch(const void* p, int bytes) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+    if (bytes > 16) asm volatile("prefetch.global.L1 [%0];" ::"l"(static_cast<const char*>(p) + 16));
+  }
+  // Hides a value from the optimizer: after it, the compiler must keep the packed words, not the
+  // float32 values it converted them to (twice the registers) across the reduction.
+  template <typename V>
+  __device__ __forceinline__ static void Opaque(V& v) {
+    if constexpr (sizeof(V) % 4 == 0) {  // single 16-bit elements have nothing to unpack
+      unsigned w[sizeof(V) / 4];
+      memcpy(w, &v, sizeof(V));
+#pragma unroll
+      for (unsigned i = 0; i < sizeof(V) / 4; ++i) asm volatile("" : "+r"(w[i]));
+      memcpy(&v, w, sizeof(V));
+    }
   }
   template <typename V>
   __device__ __forceinline__ static void Store(V* p, const V& v) {

@@ -70,12 +70,17 @@ struct HostPrimitives {
   using BFloat16 = HostBFloat16;
 
   static int ThreadIdx() { return emu::ThreadIdx(); }
-  static int Lane() { return emu::ThreadIdx() % 32; }
   static int Warp() { return emu::ThreadIdx() / 32; }
   static int BlockDim() { return emu::BlockDim(); }
   static int64_t BlockIdx() { return emu::BlockIdx(); }
   static int64_t GridDim() { return emu::GridDim(); }
   static float ShflXor(float v, int mask) { return emu::ShflXor(v, mask); }
+  // __any_sync over the full warp, as a butterfly of shuffles (each one a warp barrier)
+  static bool AnySync(bool v) {
+    float f = v ? 1.f : 0.f;
+    for (int mask = 16; mask > 0; mask /= 2) f += emu::ShflXor(f, mask);
+    return f > 0.f;
+  }
   static void SyncThreads() { emu::SyncThreads(); }
   static float* ReductionSlots() { return emu::ReductionSlots(); }
   static void* DynamicShared() { return emu::DynamicShared(); }
@@ -87,6 +92,13 @@ struct HostPrimitives {
     emu::CheckedLoad(&v, p, sizeof(V), alignof(V));
     return v;
   }
+  template <typename V>
+  static V LoadReadOnly(const V* p) {
+    return Load(p);
+  }
+  template <typename V>
+  static void Opaque(V&) {}
+  static void Prefetch(const void*, int) {}  // a hint: nothing to check
   template <typename V>
   static void Store(V* p, const V& v) {
     emu::CheckedStore(p, &v, sizeof(V), alignof(V));

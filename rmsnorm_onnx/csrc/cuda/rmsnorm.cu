@@ -1,5 +1,9 @@
-// CUDA launcher of the RMSNorm kernel. No ORT header here (nvcc 13 cannot compile ORT's lite
-// custom-op header): the op code in cuda_op.cc calls Launch through cuda/launch.h.
+// CUDA launcher of the RMSNorm / SkipRMSNorm kernels. No ORT header here (nvcc 13 cannot compile
+// ORT's lite custom-op header): the op code in cuda_op.cc calls Launch through cuda/launch.h.
+//
+// Kernel names say what they are, so the ptxas report can be read without the template
+// arguments: `Warp` (small rows, several per warp), `Block` (a block per row), `Skip` (the fused
+// residual add), `Generic` (runtime scale/bias and alignment).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -7,27 +11,69 @@
 #include "cuda/dispatch.h"
 #include "cuda/launch.h"
 #include "cuda/launch_config.h"
+#include "cuda/launcher.h"
 #include "cuda/primitives_cuda.cuh"
 #include "cuda/rmsnorm_kernel.h"
 
 namespace rmsnorm_onnx::cuda {
 namespace {
 
-// Launch bounds: the largest block ChooseLaunchConfig gives the mode, so ptxas plans the register
-// cache of ITEMS vectors against the real per-thread budget. Block modes leave the blocks per SM
-// to ptxas's heuristic: an explicit minimum of 1 made it take up to 113 registers where 80 do
-// without spilling (4 instead of 6 blocks of 128 threads per SM). Warp mode asks for 4 blocks
-// (up to 128 registers): left to the heuristic, ptxas for sm_75 squeezed the bf16 2-vector warp
-// kernel into 64 registers with 4 bytes of spills.
+using CP = CudaPrimitives;
+
+// Launch bounds: the largest block ChooseLaunchConfig gives the kernel and a minimum of blocks per
+// SM, so ptxas plans registers against a known budget (left to its heuristic, it spilled at 40):
+// warp kernels 65536 / (128 x 10) -> 48 registers (16 warps of 4 rows or more per SM), block
+// kernels 1024 threads -> 64, Generic warp kernels 128.
+constexpr int kWarpMinBlocks = 10;
+constexpr int kGenericWarpMinBlocks = 4;
+template <typename T, int VEC, int ITEMS, Family F>
+__global__ void __launch_bounds__(kWarpModeThreads, kWarpMinBlocks) RmsNormWarpKernel(const KernelArgs a) {
+  NormRows<CP, T, VEC, ITEMS, Mode::kWarp, F, false>(a);
+}
+template <typename T, int VEC, int ITEMS, Family F>
+__global__ void __launch_bounds__(kWarpModeThreads, kWarpMinBlocks) SkipRmsNormWarpKernel(const KernelArgs a) {
+  NormRows<CP, T, VEC, ITEMS, Mode::kWarp, F, true>(a);
+}
+template <typename T, int VEC, int ITEMS, Family F>
+__global__ void __launch_bounds__(kMaxThreads, 1) RmsNormBlockKernel(const KernelArgs a) {
+  NormRows<CP, T, VEC, ITEMS, Mode::kBlock, F, false>(a);
+}
+template <typename T, int VEC, int ITEMS, Family F>
+__global__ void __launch_bounds__(kMaxThreads, 1) SkipRmsNormBlockKernel(const KernelArgs a) {
+  NormRows<CP, T, VEC, ITEMS, Mode::kBlock, F, true>(a);
+}
 template <typename T, int VEC, int ITEMS>
-__global__ void __launch_bounds__(kWarpModeThreads, 4) RmsNormWarpKernel(const KernelArgs args) {
-  RmsNormRows<CudaPrimitives, T, VEC, ITEMS, Mode::kWarpRegisters>(args);
+__global__ void __launch_bounds__(kWarpModeThreads, kGenericWarpMinBlocks) RmsNormGenericWarpKernel(const KernelArgs a) {
+  NormRows<CP, T, VEC, ITEMS, Mode::kWarp, Family::kGeneric, false>(a);
+}
+template <typename T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(kWarpModeThreads, kGenericWarpMinBlocks)
+    SkipRmsNormGenericWarpKernel(const KernelArgs a) {
+  NormRows<CP, T, VEC, ITEMS, Mode::kWarp, Family::kGeneric, true>(a);
+}
+template <typename T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(kMaxGenericThreads, 1) RmsNormGenericBlockKernel(const KernelArgs a) {
+  NormRows<CP, T, VEC, ITEMS, Mode::kBlock, Family::kGeneric, false>(a);
+}
+template <typename T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(kMaxGenericThreads, 1)
+    SkipRmsNormGenericBlockKernel(const KernelArgs a) {
+  NormRows<CP, T, VEC, ITEMS, Mode::kBlock, Family::kGeneric, true>(a);
 }
 
-template <typename T, int VEC, int ITEMS, Mode M>
-__global__ void __launch_bounds__(M == Mode::kBlockRegisters ? kMaxRegisterThreads : kMaxThreads)
-    RmsNormBlockKernel(const KernelArgs args) {
-  RmsNormRows<CudaPrimitives, T, VEC, ITEMS, M>(args);
+template <typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
+constexpr auto KernelFor() {
+  constexpr bool kGeneric = F == Family::kGeneric;
+  if constexpr (M == Mode::kWarp && kGeneric) {
+    return SKIP ? &SkipRmsNormGenericWarpKernel<T, VEC, ITEMS> : &RmsNormGenericWarpKernel<T, VEC, ITEMS>;
+  } else if constexpr (M == Mode::kWarp) {
+    return SKIP ? &SkipRmsNormWarpKernel<T, VEC, ITEMS, F> : &RmsNormWarpKernel<T, VEC, ITEMS, F>;
+  } else if constexpr (kGeneric) {
+    return SKIP ? &SkipRmsNormGenericBlockKernel<T, VEC, ITEMS>
+                : &RmsNormGenericBlockKernel<T, VEC, ITEMS>;
+  } else {
+    return SKIP ? &SkipRmsNormBlockKernel<T, VEC, ITEMS, F> : &RmsNormBlockKernel<T, VEC, ITEMS, F>;
+  }
 }
 
 // Dynamic shared memory a block may opt into on the current device, less the static slots;
@@ -52,28 +98,43 @@ cudaError_t MaxDynamicShared(int* bytes) {
   return cudaSuccess;
 }
 
+// launcher.h's driver policy on the CUDA runtime.
+struct CudaDriver {
+  int GetDevice(int* device) { return static_cast<int>(cudaGetDevice(device)); }
+  int RaiseSharedLimit(const void* kernel, int bytes) {
+    return static_cast<int>(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  }
+  int Launch(const void* kernel, const LaunchConfig& c, const KernelArgs& args, void* stream) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(c.grid));
+    config.blockDim = dim3(static_cast<unsigned>(c.threads));
+    config.dynamicSmemBytes = static_cast<size_t>(c.smem_bytes);
+    config.stream = static_cast<cudaStream_t>(stream);
+    void* params[] = {const_cast<KernelArgs*>(&args)};
+    return static_cast<int>(cudaLaunchKernelExC(&config, kernel, params));
+  }
+  void ClearLastError() { (void)cudaGetLastError(); }
+  const char* ErrorString(int e) { return cudaGetErrorString(static_cast<cudaError_t>(e)); }
+};
+
+SharedLimitRegistry& Registry() {
+  static SharedLimitRegistry registry;
+  return registry;
+}
+
 struct CudaLaunch {
   const LaunchConfig& config;
   const KernelArgs& args;
-  cudaStream_t stream;
-  cudaError_t error = cudaSuccess;
+  int max_smem;
+  void* stream;
+  const char* error = nullptr;
 
-  template <typename T, int VEC, int ITEMS, Mode M>
+  template <typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
   void Run() {
-    void (*kernel)(KernelArgs) = nullptr;
-    if constexpr (M == Mode::kWarpRegisters) {
-      kernel = &RmsNormWarpKernel<T, VEC, ITEMS>;
-    } else {
-      kernel = &RmsNormBlockKernel<T, VEC, ITEMS, M>;
-    }
-    if (config.smem_bytes > kDefaultSharedBytes) {
-      // Beyond 48 KB a kernel must opt in; a host-side attribute, no synchronization.
-      error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   config.smem_bytes);
-      if (error != cudaSuccess) return;
-    }
-    kernel<<<static_cast<unsigned>(config.grid), config.threads, config.smem_bytes, stream>>>(args);
-    error = cudaGetLastError();
+    const void* kernel = reinterpret_cast<const void*>(KernelFor<T, VEC, ITEMS, M, F, SKIP>());
+    CudaDriver driver;
+    error = LaunchKernel(driver, Registry(), kernel, config, args, max_smem, stream);
   }
 };
 
@@ -84,14 +145,12 @@ const char* Launch(const Params& p, void* stream) {
   if (p.rows == 0 || p.cols == 0) return nullptr;
   int max_smem = 0;
   if (cudaError_t e = MaxDynamicShared(&max_smem); e != cudaSuccess) return cudaGetErrorString(e);
-  const LaunchConfig config =
-      ChooseLaunchConfig(p.x_type, p.rows, p.cols, reinterpret_cast<uintptr_t>(p.x),
-                         reinterpret_cast<uintptr_t>(p.y), max_smem);
-  const KernelArgs args = MakeKernelArgs(p);
-  CudaLaunch launch{config, args, static_cast<cudaStream_t>(stream)};
+  const LaunchConfig config = ChooseLaunchConfig(p, max_smem);
+  const KernelArgs args = MakeKernelArgs(p, config);
+  CudaLaunch launch{config, args, max_smem, stream};
   if (!Dispatch<CudaPrimitives>(p.x_type, config, launch))
     return "rmsnorm_onnx CUDA: no kernel compiled for the chosen launch configuration";
-  return launch.error == cudaSuccess ? nullptr : cudaGetErrorString(launch.error);
+  return launch.error;
 }
 
 }  // namespace rmsnorm_onnx::cuda

@@ -1,0 +1,162 @@
+"""One-node (or one-chain) ONNX models for every implementation in ``ops.OPS`` but torch.
+
+Every model of an op has the op's inputs (``x``, and ``skip`` for the residual form) and writes
+the outputs it computes under the op's names (``y``, and the sum ``s``), with a weight of X's
+type over the last axis; leading dims are symbolic, the hidden size fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from .. import op_schema
+from ..onnx_io import set_ir_version
+from .ops import COPY, EPSILON, OURS, TORCH, Op
+
+ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+_MS_DOMAIN = "com.microsoft"
+
+Nodes = list[onnx.NodeProto]
+Inits = list[onnx.TensorProto]
+
+
+def _const(name: str, value: np.ndarray) -> onnx.TensorProto:
+    return onnx.numpy_helper.from_array(value, name)
+
+
+def _decomposed(x: str, y: str, dtype: str) -> tuple[Nodes, Inits]:
+    """The chain exporters emit; half inputs computed in float32 between Casts (LLaMA-style)."""
+    f32 = dtype == "float32"
+    nodes = [] if f32 else [helper.make_node("Cast", [x], ["xf"], to=TensorProto.FLOAT)]
+    xf = x if f32 else "xf"
+    consts = [
+        _const("p2", np.array(2.0, np.float32)),
+        _const("eps", np.array(EPSILON, np.float32)),
+        _const("axes", np.array([-1], np.int64)),
+    ]
+    nodes += [
+        helper.make_node("Pow", [xf, "p2"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
+        helper.make_node("Add", ["ms", "eps"], ["mse"]),
+        helper.make_node("Sqrt", ["mse"], ["rms"]),
+        helper.make_node("Reciprocal", ["rms"], ["inv"]),
+        helper.make_node("Mul", [xf, "inv"], ["normed" if f32 else "normed_f"]),
+    ]
+    if not f32:
+        nodes.append(helper.make_node("Cast", ["normed_f"], ["normed"], to=ONNX_TYPE[dtype]))
+    nodes.append(helper.make_node("Mul", ["normed", "w"], [y]))
+    return nodes, consts
+
+
+def _add() -> onnx.NodeProto:
+    return helper.make_node("Add", ["x", "skip"], ["s"])
+
+
+# (op, impl) -> (nodes, initializers besides the weight "w", opset, outputs the model writes)
+Builder = Callable[[str, np.ndarray], tuple[Nodes, Inits, int, tuple[str, ...]]]
+
+
+def _rms_ours(dtype: str, w: np.ndarray):
+    return [op_schema.make_node(["x", "w"], ["y"], epsilon=EPSILON, axis=-1)], [], 18, ("y",)
+
+
+def _rms_sln(dtype: str, w: np.ndarray):
+    node = helper.make_node(
+        "SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1, epsilon=EPSILON
+    )
+    return [node], [], 18, ("y",)
+
+
+def _rms_onnx(dtype: str, w: np.ndarray):
+    node = helper.make_node("RMSNormalization", ["x", "w"], ["y"], axis=-1, epsilon=EPSILON)
+    return [node], [], 23, ("y",)
+
+
+def _rms_layernorm(dtype: str, w: np.ndarray):
+    node = helper.make_node("LayerNormalization", ["x", "w", "b"], ["y"], axis=-1, epsilon=EPSILON)
+    return [node], [_const("b", np.zeros_like(w))], 18, ("y",)
+
+
+def _rms_decomposed(dtype: str, w: np.ndarray):
+    return (*_decomposed("x", "y", dtype), 18, ("y",))
+
+
+def _rms_copy(dtype: str, w: np.ndarray):
+    two = _const("two", np.array(2, dtype=dtype))
+    return [helper.make_node("Mul", ["x", "two"], ["y"])], [two], 18, ("y",)
+
+
+def _skip_ours(dtype: str, w: np.ndarray):
+    node = op_schema.make_skip_node(["x", "skip", "w"], ["y", "s"], epsilon=EPSILON, axis=-1)
+    return [node], [], 18, ("y", "s")
+
+
+def _skip_ort(dtype: str, w: np.ndarray):
+    node = helper.make_node(
+        "SkipSimplifiedLayerNormalization",
+        ["x", "skip", "w"],
+        ["y", "", "", "s"],
+        domain=_MS_DOMAIN,
+        epsilon=EPSILON,
+    )
+    return [node], [], 18, ("y", "s")
+
+
+def _skip_add_ours(dtype: str, w: np.ndarray):
+    norm = op_schema.make_node(["s", "w"], ["y"], epsilon=EPSILON, axis=-1)
+    return [_add(), norm], [], 18, ("y", "s")
+
+
+def _skip_add_decomposed(dtype: str, w: np.ndarray):
+    nodes, consts = _decomposed("s", "y", dtype)
+    return [_add(), *nodes], consts, 18, ("y", "s")
+
+
+def _skip_copy(dtype: str, w: np.ndarray):
+    return [_add()], [], 18, ("s",)
+
+
+BUILDERS: dict[tuple[str, str], Builder] = {
+    ("rmsnorm", OURS): _rms_ours,
+    ("rmsnorm", "decomposed"): _rms_decomposed,
+    ("rmsnorm", "SimplifiedLayerNormalization"): _rms_sln,
+    ("rmsnorm", "RMSNormalization"): _rms_onnx,
+    ("rmsnorm", "LayerNormalization"): _rms_layernorm,
+    ("rmsnorm", COPY): _rms_copy,
+    ("skip", OURS): _skip_ours,
+    ("skip", "SkipSimplifiedLayerNormalization"): _skip_ort,
+    ("skip", "Add+rmsnorm_onnx"): _skip_add_ours,
+    ("skip", "Add+decomposed"): _skip_add_decomposed,
+    ("skip", COPY): _skip_copy,
+}
+
+
+def build(
+    op: Op, impl: str, dtype: str, shape: Sequence[int], weight: np.ndarray
+) -> tuple[bytes, tuple[str, ...]]:
+    """The serialized model of ``impl`` for ``op`` and the names of the outputs it writes."""
+    if impl == TORCH or (op.name, impl) not in BUILDERS:
+        raise ValueError(f"no ONNX model for {impl!r} of {op.name}")
+    nodes, inits, opset, outputs = BUILDERS[op.name, impl](dtype, weight)
+    t = ONNX_TYPE[dtype]
+    uses_w = any("w" in n.input for n in nodes)  # the copies do not: ORT would warn
+    dims: list[int | str] = [f"d{i}" for i in range(len(shape) - 1)] + [shape[-1]]
+    graph = helper.make_graph(
+        nodes,
+        f"bench_{op.name}",
+        [helper.make_tensor_value_info(name, t, dims) for name in op.inputs],
+        [helper.make_tensor_value_info(name, t, dims) for name in outputs],
+        initializer=([_const("w", weight)] if uses_w else []) + inits,
+    )
+    opsets = [helper.make_opsetid("", opset)]
+    domains = {n.domain for n in nodes}
+    if op_schema.DOMAIN in domains:
+        opsets.append(op_schema.opset_import())
+    if _MS_DOMAIN in domains:
+        opsets.append(helper.make_opsetid(_MS_DOMAIN, 1))
+    model = set_ir_version(helper.make_model(graph, opset_imports=opsets))
+    return model.SerializeToString(), outputs

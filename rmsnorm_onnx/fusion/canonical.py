@@ -1,0 +1,27 @@
+"""The canonical form between raising and lowering (DESIGN §4): our two ops, each tagged with the
+form it was raised from, so that lowering can report "3 SkipSimplifiedLayerNormalization →
+SkipRMSNorm" per source form and target.
+
+Raising (patterns and the source-form rules) builds ``rmsnorm_onnx::RMSNorm`` /
+``rmsnorm_onnx::SkipRMSNorm`` nodes and sets :data:`SOURCE_TAG`; lowering reads and removes it.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from .. import op_schema
+
+# node metadata: the form a canonical node was raised from ("decomposed",
+# "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization",
+# "RMSNorm", "SkipRMSNorm"; "+ Add" appended where a residual Add was absorbed)
+SOURCE_TAG = "rmsnorm_onnx.source"
+
+
+def is_canonical(node: ir.Node) -> bool:
+    """One of our ops (RMSNorm or SkipRMSNorm)."""
+    return node.domain == op_schema.DOMAIN and node.op_type in op_schema.OP_TYPES
+
+
+def is_skip(node: ir.Node) -> bool:
+    return node.domain == op_schema.DOMAIN and node.op_type == op_schema.SKIP_OP_TYPE

@@ -1,0 +1,402 @@
+"""Lowering (DESIGN §4): every canonical norm becomes the form the chosen target writes.
+
+    custom      rmsnorm_onnx::RMSNorm / SkipRMSNorm as they are
+    contrib     SimplifiedLayerNormalization (default domain, as ORT registers it);
+                com.microsoft::SkipSimplifiedLayerNormalization where its contract fits,
+                else Add + SimplifiedLayerNormalization
+    standard    ONNX RMSNormalization (opset 23); a skip norm as Add + RMSNormalization
+    decomposed  plain ops at the model's opset, half inputs computed in float32
+
+A bias the target's op lacks is an Add after it. What a target cannot express at all (epsilon
+added to the root, an opset it cannot reach) falls back to the plain ops of ``decomposed``, which
+compute the same and run anywhere; the report says why, once per reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import onnx_ir as ir
+import onnx_ir.passes.common
+
+from .. import op_schema
+from ..errors import InvalidModelError
+from . import canonical, opset
+from .report import FuseReport
+from .targets import STANDARD_OPSET, TARGETS, Target
+from .values import static_dims
+
+MS_DOMAIN = "com.microsoft"
+SKIP_OP = "SkipSimplifiedLayerNormalization"
+_HALF = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+class Unsupported(Exception):
+    """The target's form cannot express this norm; the message says why."""
+
+
+@dataclasses.dataclass
+class Norm:
+    """One canonical node, read once: its operands, attributes and where it lives."""
+
+    node: ir.Node
+    x: ir.Value
+    skip: ir.Value | None
+    scale: ir.Value | None
+    bias: ir.Value | None
+    epsilon: float
+    axis: int
+    eps_outside: bool
+    opset: int  # default-domain opset of the graph or function holding it
+    source: str
+
+    @classmethod
+    def read(cls, node: ir.Node, version: int) -> Norm:
+        """The node's parts; InvalidModelError (one line) where it breaks our ops' contract."""
+        where = f"{node.op_type} '{node.name or node.outputs[0].name}'"
+        skip_at = 1 if canonical.is_skip(node) else 0
+        if len(node.inputs) > 3 + skip_at or len(node.outputs) > 1 + skip_at:
+            raise InvalidModelError(f"{where}: too many inputs or outputs for our op")
+        params = [*node.inputs, None, None, None, None]
+        if params[0] is None or (skip_at and params[1] is None):
+            raise InvalidModelError(f"{where}: a required input (X or skip) is missing")
+        attrs = node.attributes
+        try:
+            epsilon = attrs.get_float("epsilon", op_schema.DEFAULT_EPSILON)
+            axis = attrs.get_int("axis", op_schema.DEFAULT_AXIS)
+            eps_outside = attrs.get_int("eps_outside", 0)
+        except TypeError as e:
+            raise InvalidModelError(f"{where}: {e}") from None
+        if not (math.isfinite(epsilon) and epsilon >= 0) or eps_outside not in (0, 1):
+            raise InvalidModelError(
+                f"{where}: epsilon must be a number >= 0 and eps_outside 0 or 1, got "
+                f"{epsilon:g} and {eps_outside}"
+            )
+        norm = cls(
+            node=node,
+            x=params[0],
+            skip=params[1] if skip_at else None,
+            scale=params[1 + skip_at],
+            bias=params[2 + skip_at],
+            epsilon=epsilon,
+            axis=axis,
+            eps_outside=bool(eps_outside),
+            opset=version,
+            source=node.metadata_props.get(canonical.SOURCE_TAG, node.op_type),
+        )
+        if norm.rank is not None and not -norm.rank <= axis < norm.rank:
+            raise InvalidModelError(f"{where}: axis {axis} is out of range for rank {norm.rank}")
+        return norm
+
+    @property
+    def dtype(self) -> ir.DataType | None:
+        return self.x.dtype
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.x.shape is None else len(self.x.shape)
+
+    @property
+    def wants_sum(self) -> bool:
+        """S is an output and something reads it (an unread S is not computed)."""
+        outs = self.node.outputs
+        return len(outs) > 1 and bool(outs[1].uses() or outs[1].is_graph_output())
+
+
+class Builder:
+    """Emits the replacement nodes of one norm (onnx-ir's tape) in its graph's opset."""
+
+    def __init__(self, norm: Norm) -> None:
+        self.tape = ir.tape.Tape()
+        self.norm = norm
+        self.domains: set[str] = set()
+        self.unused: list[ir.Value] = []  # outputs to leave unnamed (not computed)
+
+    def __call__(self, op_type: str, *inputs: ir.Value | None, **attrs) -> ir.Value:
+        return self.tape.op(op_type, list(inputs), attrs or None)
+
+    def const(self, array: np.ndarray) -> ir.Value:
+        # a Constant node, not an initializer: function bodies have no initializers
+        value = self("Constant", value=ir.tensor(array))
+        value.dtype, value.shape = ir.DataType.from_numpy(array.dtype), ir.Shape(array.shape)
+        return value
+
+    def cast(self, value: ir.Value, dtype: ir.DataType) -> ir.Value:
+        out = self("Cast", value, to=dtype)
+        out.dtype = dtype
+        return out
+
+    def cast_back(self, value: ir.Value, like: ir.Value) -> ir.Value:
+        """value in ``like``'s type; CastLike where that type is unknown (a function body)."""
+        if like.dtype is not None:
+            return self.cast(value, like.dtype)
+        if self.norm.opset < 15:
+            raise Unsupported("the input's type is unknown and CastLike needs opset 15")
+        return self("CastLike", value, like)
+
+    def ones(self, x: ir.Value, axis: int) -> ir.Value:
+        """A scale of ones over x's dims [axis, rank): for the ops that need a scale."""
+        dims = static_dims(x, axis)
+        if dims is not None and x.dtype is not None:
+            return self.const(np.ones(dims, dtype=x.dtype.numpy()))
+        # Shape(x)[axis:] by Slice: Shape's start= needs opset 15
+        shape = self(
+            "Slice",
+            self("Shape", x),
+            self.const(np.array([axis], np.int64)),
+            self.const(np.array([_INT64_MAX], np.int64)),
+        )
+        if x.dtype is not None:
+            return self("ConstantOfShape", shape, value=ir.tensor([1], dtype=x.dtype))
+        ones = self("ConstantOfShape", shape, value=ir.tensor([1.0], dtype=ir.DataType.FLOAT))
+        return self.cast_back(ones, x)
+
+
+# A lowering: (builder, norm, notes) -> (its outputs Y[, S], what it became, for the report). It
+# raises Unsupported where the target cannot express the norm at all; what it wants said once
+# goes into notes (text -> how many norms).
+Lowering = Callable[[Builder, Norm, Counter[str]], tuple[list[ir.Value], str]]
+
+
+def _residual(b: Builder, n: Norm) -> ir.Value:
+    s = b("Add", n.x, n.skip)
+    s.dtype, s.shape = n.x.dtype, n.x.shape
+    return s
+
+
+def _outputs(n: Norm, y: ir.Value, s: ir.Value | None) -> list[ir.Value]:
+    return [y, s] if n.wants_sum else [y]
+
+
+def _add_bias(b: Builder, n: Norm, y: ir.Value) -> ir.Value:
+    return y if n.bias is None else b("Add", y, n.bias)
+
+
+def _params_in_float(n: Norm) -> bool:
+    """Half X with a float32 (or unknown) scale/bias: apply them before casting back (Gemma)."""
+    params = [p for p in (n.scale, n.bias) if p is not None]
+    if n.dtype is None:  # a function body: Cast(param, float) is right whatever the types are
+        return bool(params)
+    return n.dtype in _HALF and any(p.dtype != n.dtype for p in params)
+
+
+def _reduce_mean(b: Builder, n: Norm, value: ir.Value) -> ir.Value:
+    if n.axis == 0:
+        return b("ReduceMean", value)  # every axis, the same spelled either way
+    if n.axis > 0:
+        if n.rank is None:
+            raise Unsupported(f"axis {n.axis} over an input of unknown rank")
+        start = n.axis - n.rank
+    else:
+        start = n.axis
+    axes = list(range(start, 0))
+    if n.opset < 18:  # axes moved from attribute to input at opset 18
+        return b("ReduceMean", value, axes=axes, keepdims=1)
+    return b("ReduceMean", value, b.const(np.array(axes, np.int64)), keepdims=1)
+
+
+def plain_norm(b: Builder, n: Norm, x: ir.Value) -> ir.Value:
+    """x · 1/sqrt(mean(x²) + ε) · scale + bias in ops every runtime has (stash_type=1 for half)."""
+    half = n.dtype is None or n.dtype in _HALF
+    xf = b.cast(x, ir.DataType.FLOAT) if half else x
+    compute = np.float32 if half else n.dtype.numpy()
+    ms = _reduce_mean(b, n, b("Pow", xf, b.const(np.array(2.0, compute))))
+    eps = b.const(np.array(n.epsilon, compute))
+    root = b("Add", b("Sqrt", ms), eps) if n.eps_outside else b("Sqrt", b("Add", ms, eps))
+    y = b("Mul", xf, b("Reciprocal", root))
+    late = half and _params_in_float(n)
+    if half and not late:  # as ONNX's own function bodies: cast back, then scale and bias
+        y = b.cast_back(y, x)
+    for op_type, param in (("Mul", n.scale), ("Add", n.bias)):
+        if param is not None:
+            if late and param.dtype != ir.DataType.FLOAT:
+                param = b.cast(param, ir.DataType.FLOAT)
+            y = b(op_type, y, param)
+    return b.cast_back(y, x) if late else y
+
+
+def custom(b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
+    return list(n.node.outputs), n.node.op_type
+
+
+def decomposed(b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
+    if n.skip is None:
+        return [plain_norm(b, n, n.x)], "plain ops"
+    s = _residual(b, n)
+    return _outputs(n, plain_norm(b, n, s), s), "Add + plain ops"
+
+
+def _typed_norm(b: Builder, n: Norm, x: ir.Value, target: Target) -> ir.Value:
+    """The target's op on (x, scale) with stash_type=1, the bias an Add after it, and Casts
+    where the types must agree (``mixed_types``: it takes a half X with a float32 scale, and
+    its Y has the scale's type)."""
+    scale = n.scale if n.scale is not None else b.ones(x, n.axis)
+    attrs = {"axis": n.axis, "epsilon": n.epsilon, "stash_type": 1}
+    if scale.dtype is None or scale.dtype == n.dtype:
+        return _add_bias(b, n, b(target.op_type, x, scale, **attrs))
+    xin = x if target.mixed_types else b.cast(x, scale.dtype)
+    return b.cast_back(_add_bias(b, n, b(target.op_type, xin, scale, **attrs)), x)
+
+
+def _label(n: Norm, op_type: str) -> str:
+    return op_type + (" + Add" if n.bias is not None else "")
+
+
+def _same_dims(a: list, b: list) -> bool:
+    """Provably equal: numbers equal, or symbols of one name (two unknown dims prove nothing)."""
+    if len(a) != len(b):
+        return False
+    return all(
+        x == y and (isinstance(x, int) or getattr(x, "value", None) is not None)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def _skip_op_misfit(n: Norm) -> str | None:
+    """Why ORT's SkipSimplifiedLayerNormalization cannot take this norm (its CPU kernel checks
+    these: ranks 2-3, skip matching X's last two dims, a 1-D gamma of X's type), or None."""
+    if n.x.shape is None or n.skip.shape is None:
+        return "the shape of X or skip is unknown"
+    x_dims, s_dims = list(n.x.shape), list(n.skip.shape)
+    if len(x_dims) not in (2, 3):
+        return f"X has rank {len(x_dims)}; the contrib skip op takes rank 2 or 3"
+    if n.axis not in (-1, len(x_dims) - 1):
+        return "it normalizes more than the last axis"
+    if len(s_dims) not in (2, 3) or not _same_dims(s_dims[-2:], x_dims[-2:]):
+        return "skip's last two dims are not provably X's"
+    if len(x_dims) == 2 and not _same_dims(s_dims, x_dims):
+        return "skip broadcasts over a rank-2 X"
+    if n.dtype is None or n.skip.dtype != n.dtype:
+        return "the types of X and skip are unknown or differ"
+    if n.scale is not None:
+        if n.scale.dtype != n.dtype:
+            return "the scale's type differs from X's"
+        if n.scale.shape is None or not _same_dims(list(n.scale.shape), x_dims[-1:]):
+            return "the scale is not a 1-D tensor of the hidden size"
+    return None
+
+
+def contrib(b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
+    target = TARGETS["contrib"]
+    if n.skip is None:
+        return [_typed_norm(b, n, n.x, target)], _label(n, target.op_type)
+    why = _skip_op_misfit(n)
+    if why is None:
+        gamma = n.scale if n.scale is not None else b.ones(n.x, -1)
+        outs = b.tape.op_multi_out(
+            SKIP_OP,
+            [n.x, n.skip, gamma],
+            {"epsilon": n.epsilon},
+            num_outputs=4 if n.wants_sum else 1,
+            domain=MS_DOMAIN,
+        )
+        b.domains.add(MS_DOMAIN)
+        b.unused += outs[1:3]  # mean, inv_std_var: nothing reads them
+        return _outputs(n, _add_bias(b, n, outs[0]), outs[-1]), _label(n, SKIP_OP)
+    notes[f"SkipRMSNorm written as Add + {target.op_type}: {why}"] += 1
+    s = _residual(b, n)
+    return _outputs(n, _typed_norm(b, n, s, target), s), _label(n, f"Add + {target.op_type}")
+
+
+def standard(b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
+    target = TARGETS["standard"]
+    if n.skip is None:
+        return [_typed_norm(b, n, n.x, target)], _label(n, target.op_type)
+    notes[f"ONNX has no residual-add norm: each SkipRMSNorm became Add + {target.op_type}"] += 1
+    s = _residual(b, n)
+    return _outputs(n, _typed_norm(b, n, s, target), s), _label(n, f"Add + {target.op_type}")
+
+
+LOWERINGS: dict[str, Lowering] = {
+    "custom": custom,
+    "contrib": contrib,
+    "standard": standard,
+    "decomposed": decomposed,
+}
+
+
+def _canonical_nodes(model: ir.Model) -> Iterator[tuple[ir.Node, int, ir.Graph | ir.Function]]:
+    """Every canonical node with its default opset and the graph or function importing it."""
+    main = model.opset_imports.get("", 1)
+    for container in [model.graph, *model.functions.values()]:
+        version = container.opset_imports.get("", main)
+        for node in ir.traversal.RecursiveGraphIterator(container):
+            if canonical.is_canonical(node):
+                yield node, version, container
+
+
+def _replace(b: Builder, n: Norm, outputs: list[ir.Value]) -> None:
+    old = list(n.node.outputs)[: len(outputs)]  # Y, and S where it is read
+    ir.convenience.replace_nodes_and_values(
+        n.node.graph, n.node, [n.node], b.tape.nodes, old, outputs
+    )
+
+
+def _drop_unused_imports(model: ir.Model) -> None:
+    used = {node.domain for c in [model.graph, *model.functions.values()]
+            for node in ir.traversal.RecursiveGraphIterator(c)}  # fmt: skip
+    for domain in (op_schema.DOMAIN, MS_DOMAIN):
+        if domain not in used:
+            model.opset_imports.pop(domain, None)
+            for function in model.functions.values():
+                function.opset_imports.pop(domain, None)
+
+
+def lower(model: ir.Model, target: Target, report: FuseReport) -> None:
+    """Rewrite every canonical node into ``target``'s form (in place); fill ``report.converted``
+    and its notes, drop the source tags and the opset imports nothing uses any more."""
+    lowering = LOWERINGS[target.name]
+    found = list(_canonical_nodes(model))
+    if not found:
+        return
+    blocked = ""
+    if target.name == "standard":
+        problems = opset.blockers(model)
+        if problems:
+            blocked = (
+                f"target 'standard' needs opset {STANDARD_OPSET} and these ops change meaning "
+                "there: " + ", ".join(problems)
+            )
+    notes: Counter[str] = Counter()  # reason -> how many norms it concerns
+    unused: list[ir.Value] = []
+    standard_ops = False
+    for node, version, container in found:
+        n = Norm.read(node, version)
+        node.metadata_props.pop(canonical.SOURCE_TAG, None)
+        b = Builder(n)
+        try:
+            if n.eps_outside and not target.eps_outside:
+                raise Unsupported("epsilon is added to the root")
+            if blocked and n.opset < STANDARD_OPSET:
+                raise Unsupported(blocked)
+            outputs, label = lowering(b, n, notes)
+        except Unsupported as why:
+            b = Builder(n)
+            try:
+                outputs, label = decomposed(b, n, notes)
+            except Unsupported as worse:  # not even plain ops: the node stays ours
+                notes[f"left as {node.op_type}: {worse}"] += 1
+                report.converted[f"{n.source} → {node.op_type}"] += 1
+                continue
+            notes[f"written as plain ops for target '{target.name}': {why}"] += 1
+        report.converted[f"{n.source} → {label}"] += 1
+        standard_ops = standard_ops or TARGETS["standard"].op_type in label
+        if lowering is custom and outputs == list(node.outputs):
+            continue
+        for domain in b.domains:
+            container.opset_imports.setdefault(domain, 1)
+            model.opset_imports.setdefault(domain, 1)
+        _replace(b, n, outputs)
+        unused += b.unused
+    report.notes += [f"{why} ({count} norm(s))" for why, count in sorted(notes.items())]
+    _drop_unused_imports(model)
+    if standard_ops:
+        opset.raise_opset(model)
+    onnx_ir.passes.common.NameFixPass()(model)  # the values the new nodes left unnamed
+    for value in unused:
+        value.name = ""

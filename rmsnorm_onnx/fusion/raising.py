@@ -1,0 +1,82 @@
+"""The raise stage (DESIGN §4): every RMSNorm of the model, in whatever form, becomes our op.
+
+1. ours already there: tagged with their form;
+2. ORT's and ONNX's norm ops (``sources``);
+3. decomposed chains (``patterns``), then the Casts, scale and bias around them;
+4. the residual Add in front of a norm (``skip``).
+
+Nothing here depends on the target: lowering decides what each target can express. The report
+gets the fusions per pattern, the residual Adds absorbed, and every candidate left with its reason.
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx_ir as ir
+import onnxscript.optimizer
+
+from . import diagnose, driver, patterns, skip, sources
+from .canonical import is_canonical
+from .report import FuseReport
+
+_MAX_ABSORB_ROUNDS = 8  # Cast, scale, Cast, bias: a chain absorbs in at most four rounds
+
+
+def _canonical(model: ir.Model) -> list[ir.Node]:
+    return [node for node in driver.all_nodes(model) if is_canonical(node)]
+
+
+def _norms(model: ir.Model) -> list[ir.Node]:
+    return [node for node in driver.all_nodes(model) if patterns.is_fused(node)]
+
+
+def canonicalize(model: ir.Model, report: FuseReport, proto: onnx.ModelProto | None = None) -> None:
+    """Raise every norm of ``model`` (in place) to our ops; fill the report's raise half.
+    ``proto``, the model read, lets the residual rule ask for symbolic shapes where needed."""
+    sources.tag_ours(driver.all_nodes(model))
+    source_rules = sources.rules()
+    driver.apply(model, source_rules, [n for n in driver.all_nodes(model) if sources.is_source(n)])
+
+    core = patterns.rule_set(patterns.core_rules()).rules
+    chains = [n for a in diagnose.anchors(model) for n in driver.cone(a, diagnose.DEPTH)]
+    driver.apply(model, core, chains)
+    absorb = patterns.rule_set(patterns.absorb_rules()).rules
+    for _ in range(_MAX_ABSORB_ROUNDS):
+        after = [c for n in _norms(model) for c in n.outputs[0].consumers()]
+        if not driver.apply(model, absorb, after):
+            break
+
+    if _norms(model):  # AbsorbCast leaves the inner norm behind: dead, it must not take an Add
+        onnxscript.optimizer.remove_unused_nodes(model)
+    driver.apply(model, [patterns.DropNoOpCast.rule()], _norms(model))
+    if _canonical(model):
+        # dead now (and not to count as readers of a residual sum): a second Cast of x
+        # (exporters without CSE), the Add of a folded 1 + w, a no-op Cast
+        onnxscript.optimizer.remove_unused_nodes(model)
+        _drop_unused_subgraph_initializers(model)
+
+    residual = skip.rules(proto)
+    report.with_skip = driver.apply(model, residual, _norms(model))
+    if report.with_skip:
+        skip.sort(model)
+
+    report.skipped = diagnose.skips(model, core)
+    left = [n for n in driver.all_nodes(model) if sources.is_source(n)]
+    report.skipped += diagnose.left_alone(model, left, source_rules[::-1], "")
+    report.skipped += diagnose.residual_skips(model, residual[::-1])
+    report.notes += diagnose.partial_notes(model, absorb)
+    for node in _canonical(model):
+        label = node.metadata_props.pop(patterns.PATTERN_TAG, None)
+        if label is not None:  # raised from a decomposed chain or grown by an absorbed op
+            report.fused[label] += 1
+
+
+def _drop_unused_subgraph_initializers(model: ir.Model) -> None:
+    """The constants of fused chains inside If/Loop bodies (onnxscript cleans the main graph's)."""
+    for node in driver.all_nodes(model):
+        for attr in node.attributes.values():
+            graphs = {ir.AttributeType.GRAPH: [attr.value], ir.AttributeType.GRAPHS: attr.value}
+            for graph in graphs.get(attr.type, []):
+                for name, value in list(graph.initializers.items()):
+                    if not value.uses() and not value.is_graph_output():
+                        del graph.initializers[name]

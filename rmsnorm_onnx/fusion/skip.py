@@ -1,0 +1,187 @@
+"""The residual Add in front of a norm, absorbed into SkipRMSNorm (issue 10 §3)::
+
+    h = Add(a, b);  y = RMSNorm(h, scale?, bias?)   ->   y, h = SkipRMSNorm(X, skip, scale?, bias?)
+
+X is the operand of the full shape, skip the other (it may drop or set to 1 leading dims, as
+``reference.skip_fits`` says). Both must be activations of one type: an Add with a constant operand
+is a bias, not a residual. ``keep_sum``: the sum is read elsewhere (the next residual) or is a graph
+output, so S replaces it (keeping its name); otherwise S is left out. Consumers of the sum placed
+before the norm are moved after it by a topological sort of the graph.
+
+Runs after the Cast absorption: in fp16/bf16 exports the norm then reads the half Add directly.
+Where onnx's shape inference loses the dims of an operand (Phi-3's MLP after its Slices),
+onnxruntime's symbolic shape inference is asked once per model (:class:`ShapeHints`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from .. import op_schema
+from ..reference import skip_fits
+from .patterns import _fused_parts, emit
+from .values import dim_tokens
+
+LABEL = " +residual Add"
+_log = logging.getLogger(__name__)
+
+
+class ShapeHints:
+    """Main-graph shapes from onnxruntime's symbolic shape inference (it carries the symbols
+    through Shape/Slice arithmetic that onnx's leaves unknown); run once, only when needed."""
+
+    def __init__(self, proto: onnx.ModelProto | None) -> None:
+        self.proto = proto
+        self._table: dict[str, tuple[object, ...]] | None = None
+
+    def tokens(self, value: ir.Value) -> tuple[object, ...] | None:
+        if self.proto is None:
+            return None
+        if self._table is None:
+            self._table = self._infer()
+        return self._table.get(value.name or "")
+
+    def _infer(self) -> dict[str, tuple[object, ...]]:
+        try:
+            inferred = _symbolic_shape_inference().infer_shapes(
+                self.proto, auto_merge=True, guess_output_rank=True
+            )
+        except Exception as e:  # no sympy, an op it cannot follow: nothing more is proved
+            _log.debug("symbolic shape inference failed: %s", e)
+            return {}
+        table = {}
+        for info in inferred.graph.value_info:
+            if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
+                dims = info.type.tensor_type.shape.dim
+                table[info.name] = tuple(_token(d) for d in dims)
+        return table
+
+
+def _symbolic_shape_inference() -> type:
+    """onnxruntime's SymbolicShapeInference, loaded from its file: importing it as
+    ``onnxruntime.tools.symbolic_shape_infer`` runs ``onnxruntime/tools/__init__.py``, which
+    imports torch where it is installed (fusion never imports torch, DESIGN §5)."""
+    name = "rmsnorm_onnx._ort_symbolic_shape_infer"
+    module = sys.modules.get(name)
+    if module is None:
+        package = importlib.util.find_spec("onnxruntime")
+        if package is None or package.origin is None:
+            raise ImportError("onnxruntime is not installed")
+        path = Path(package.origin).parent / "tools" / "symbolic_shape_infer.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return module.SymbolicShapeInference
+
+
+def _token(dim: onnx.TensorShapeProto.Dimension) -> object:
+    if dim.HasField("dim_value"):
+        return dim.dim_value
+    return f"sym:{dim.dim_param}" if dim.dim_param else object()
+
+
+def _constant(value: ir.Value) -> bool:
+    producer = value.producer()
+    constant_node = producer is not None and producer.op_type == "Constant"
+    return constant_node or (value.const_value is not None and not value.is_graph_input())
+
+
+def _text(value: ir.Value) -> str:
+    return "?" if value.shape is None else str(list(value.shape))
+
+
+def x_and_skip(
+    a: ir.Value, b: ir.Value, axis: int, hints: ShapeHints | None = None
+) -> tuple[ir.Value, ir.Value] | str:
+    """(X, skip) for SkipRMSNorm from the Add's operands, or why they do not fit; ``hints``
+    (main graph only) are asked where the declared or inferred shapes prove nothing."""
+    for value in (a, b):
+        if _constant(value):
+            return f"the Add has a constant operand '{value.name}': a bias, not a residual"
+    if a.dtype is None or b.dtype is None:
+        return "the element type of an operand of the Add is unknown"
+    if a.dtype != b.dtype:
+        return f"the Add's operands are of different types ({a.dtype.name}, {b.dtype.name})"
+    shapes = [(dim_tokens(a), dim_tokens(b))]
+    if hints is not None:
+        shapes.append((hints.tokens(a), hints.tokens(b)))
+    for ta, tb in shapes:
+        if ta is None or tb is None:
+            continue
+        try:
+            if skip_fits(ta, tb, axis):
+                return a, b
+            if skip_fits(tb, ta, axis):
+                return b, a
+        except ValueError as e:  # the norm's axis is out of range for the operands' rank
+            return f"the norm's axis does not fit the operands: {e}"
+    if shapes[0][0] is None or shapes[0][1] is None:
+        return "cannot prove the operands' shapes fit SkipRMSNorm: a rank is unknown"
+    return (
+        f"a broadcast SkipRMSNorm does not accept (or cannot prove equal dims): "
+        f"{_text(a)} + {_text(b)}"
+    )
+
+
+class ResidualAdd(pattern.RewriteRuleClassBase):
+    """RMSNorm(Add(a, b), ...) -> SkipRMSNorm(X, skip, ...), S replacing the sum if it is read."""
+
+    def __init__(self, keep_sum: bool, hints: ShapeHints | None = None) -> None:
+        super().__init__(name="residual Add" + (" (sum read)" if keep_sum else ""))
+        self.keep_sum, self.hints = keep_sum, hints
+        self._order: tuple[ir.Value, ir.Value] | None = None
+
+    def pattern(self, op, a, b):
+        total = op.Add(a, b, _outputs=["total"])
+        normed = op.RMSNorm(
+            total, _domain=op_schema.DOMAIN, _allow_other_inputs=True, _outputs=["normed"]
+        )
+        return (normed, total) if self.keep_sum else normed
+
+    def check(self, context, a, b, normed, **_):
+        result = pattern.MatchResult()
+        axis = normed.producer().attributes.get_int("axis", op_schema.DEFAULT_AXIS)
+        main = context.graph_or_function is context.model.graph
+        found = x_and_skip(a, b, axis, self.hints if main else None)
+        if isinstance(found, str):
+            return result.fail(found, normed.producer().inputs[0])
+        self._order = found
+        return result
+
+    def rewrite(self, op, normed, **_):
+        _, inputs, attrs, label, source = _fused_parts(normed)
+        x, skip = self._order
+        n = 2 if self.keep_sum else 1
+        return emit(
+            op,
+            [x, skip, *inputs[1:]],
+            attrs,
+            label + LABEL,
+            source + " + Add",
+            op_schema.SKIP_OP_TYPE,
+            n,
+        )
+
+
+def rules(proto: onnx.ModelProto | None = None) -> list[pattern.RewriteRule]:
+    """Without S first: S only where the sum is read elsewhere or is a graph output. ``proto``:
+    the input model, for :class:`ShapeHints`."""
+    hints = ShapeHints(proto)
+    return [ResidualAdd.rule(False, hints), ResidualAdd.rule(True, hints)]
+
+
+def sort(model: ir.Model) -> None:
+    """Topological order again: a consumer of the sum may sit before the norm that now makes S."""
+    model.graph.sort()
+    for function in model.functions.values():
+        function.sort()

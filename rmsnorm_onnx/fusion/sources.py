@@ -1,0 +1,135 @@
+"""Raising the RMSNorm ops other tools write to our canonical ops (issue 12).
+
+    RMSNormalization(X, scale)                     ONNX, opset 23     -> RMSNorm(X, scale)
+    SimplifiedLayerNormalization(X, scale)         ORT, default domain -> RMSNorm(X, scale)
+    SkipSimplifiedLayerNormalization(X, skip, g)   ORT, com.microsoft  -> SkipRMSNorm(X, skip, g)
+    rmsnorm_onnx::RMSNorm / SkipRMSNorm            ours: tagged with their form, nothing else
+
+Attribute defaults are ORT's schemas' (onnxruntime 1.31): epsilon 1e-5, axis -1, stash_type 1
+for the first two; epsilon 1e-12 and the last axis for the skip op. Only ``stash_type=1`` (compute
+in float32) is raised: that is what our op does; another stash type computes in another
+precision (0 is no type at all), so such a node is left alone with the reason.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from .. import op_schema
+from .canonical import SOURCE_TAG, is_canonical
+from .patterns import emit
+from .values import FLOAT_TYPES
+
+MS_DOMAIN = "com.microsoft"
+SKIP_SLN = "SkipSimplifiedLayerNormalization"
+# op type -> (domain, default epsilon)
+NORMS = {"RMSNormalization": ("", 1e-5), "SimplifiedLayerNormalization": ("", 1e-5)}
+SKIP_EPSILON = 1e-12
+SOURCE_OPS = {("", name) for name in NORMS} | {(MS_DOMAIN, SKIP_SLN)}
+
+
+class StandardNorm(pattern.RewriteRuleClassBase):
+    """RMSNormalization / SimplifiedLayerNormalization(X, scale) -> RMSNorm(X, scale).
+
+    Y takes the scale's type there: a half X with a float32 scale is cast up first (the ops
+    compute in float32 anyway, so this is exact); the other mixes are left alone.
+    """
+
+    def __init__(self, op_type: str) -> None:
+        super().__init__(name=op_type)
+        self.op_type, (self.domain, self.default_eps) = op_type, NORMS[op_type]
+        self._cast_x = False
+
+    def pattern(self, op, x, scale):
+        return getattr(op, self.op_type)(x, scale, _domain=self.domain, _outputs=["y"])
+
+    def check(self, context, x, scale, y, **_):
+        result = pattern.MatchResult()
+        node = y.producer()
+        stash = node.attributes.get_int("stash_type", 1)
+        if stash != 1:
+            return result.fail(f"{self.op_type} with stash_type={stash}: ours computes in float32")
+        if x.dtype not in FLOAT_TYPES:
+            why = "unknown" if x.dtype is None else x.dtype.name
+            return result.fail(f"{self.op_type} on an input of type {why}", x)
+        self._cast_x = scale.dtype != x.dtype
+        if self._cast_x and scale.dtype != ir.DataType.FLOAT:
+            why = "unknown" if scale.dtype is None else scale.dtype.name
+            return result.fail(
+                f"{self.op_type}: X is {x.dtype.name}, the scale {why} (Y takes the scale's type)",
+                scale,
+            )
+        return result
+
+    def rewrite(self, op, x, scale, y, **_):
+        node = y.producer()
+        attrs = {
+            "epsilon": node.attributes.get_float("epsilon", self.default_eps),
+            "axis": node.attributes.get_int("axis", -1),
+        }
+        if self._cast_x:  # Y in the scale's float32: the op then computes exactly as before
+            x_shape = x.shape
+            x = op.Cast(x, to=ir.DataType.FLOAT)
+            x.dtype, x.shape = ir.DataType.FLOAT, x_shape  # the absorb rules read them
+        return emit(op, [x, scale], attrs, None, self.op_type)
+
+
+class SkipSimplified(pattern.RewriteRuleClassBase):
+    """com.microsoft SkipSimplifiedLayerNormalization(X, skip, gamma) -> SkipRMSNorm.
+
+    ``keep_sum``: output 3 (input + skip) is read and becomes S. Outputs 1 and 2 (mean,
+    inv_std_var) must be unread; the matcher refuses a node whose unmatched outputs are used.
+    """
+
+    def __init__(self, keep_sum: bool) -> None:
+        super().__init__(name=SKIP_SLN + (" (sum read)" if keep_sum else ""))
+        self.keep_sum = keep_sum
+
+    def pattern(self, op, x, skip, gamma):
+        names = ["y", "mean", "inv_std_var", "total"] if self.keep_sum else ["y"]
+        outs = op.SkipSimplifiedLayerNormalization(
+            x, skip, gamma, _domain=MS_DOMAIN, _allow_other_inputs=True, _outputs=names
+        )
+        return (outs[0], outs[3]) if self.keep_sum else outs
+
+    def check(self, context, x, skip, gamma, y, **_):
+        result = pattern.MatchResult()
+        node = y.producer()
+        for stat in node.outputs[1:3]:  # mean, inv_std_var: ours does not compute them
+            if stat.uses() or stat.is_graph_output():
+                return result.fail(f"output '{stat.name}' of {SKIP_SLN} '{node.name}' is read")
+        if self.keep_sum and len(node.outputs) < 4:  # onnxscript 0.7 lets the binding pass
+            return result.fail(f"{SKIP_SLN} without its sum output")
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            return result.fail(
+                f"{SKIP_SLN} with a pre-norm bias: SkipRMSNorm has none, and adding it apart "
+                "would round the sum twice",
+                node.inputs[3],
+            )
+        if x.dtype not in FLOAT_TYPES:
+            return result.fail(f"{SKIP_SLN}: the input's element type is unknown", x)
+        return result
+
+    def rewrite(self, op, x, skip, gamma, y, **_):
+        eps = y.producer().attributes.get_float("epsilon", SKIP_EPSILON)
+        attrs = {"epsilon": eps, "axis": -1}
+        n = 2 if self.keep_sum else 1
+        return emit(op, [x, skip, gamma], attrs, None, SKIP_SLN, op_schema.SKIP_OP_TYPE, n)
+
+
+def rules() -> list[pattern.RewriteRule]:
+    """The source-form rules; for the skip op, the one that leaves out S first."""
+    found = [StandardNorm.rule(op_type) for op_type in NORMS]
+    return [*found, SkipSimplified.rule(False), SkipSimplified.rule(True)]
+
+
+def is_source(node: ir.Node) -> bool:
+    return (node.domain, node.op_type) in SOURCE_OPS
+
+
+def tag_ours(nodes) -> None:
+    """Our ops already in the model: canonical as they are, tagged with their own form."""
+    for node in nodes:
+        if is_canonical(node):
+            node.metadata_props.setdefault(SOURCE_TAG, node.op_type)

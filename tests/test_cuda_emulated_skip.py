@@ -1,0 +1,205 @@
+"""The CUDA SkipRMSNorm kernels (S = X + skip, Y = RMSNorm(S)), their own source run on the CPU.
+
+Same emulation as test_cuda_emulated.py (see there): every load and store checked, warps drifting
+apart under seeded random schedules. Y against ``reference.skip_rms_norm`` within
+``reference.tolerance``; S bit for bit equal to the reference's S (the sum rounded once to X's
+type, as an unfused Add computes it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cuda_emulator import DTYPES, buffer, filled, normalize
+
+from rmsnorm_onnx import reference
+
+HIDDEN = (1, 3, 31, 32, 33, 64, 100, 128, 200, 300, 512, 1023, 1024, 4097, 8192, 65536)
+UINT = {2: np.uint16, 4: np.uint32}
+
+
+def rows_for(cols: int) -> int:
+    return 2 if cols >= 65536 else 3 if cols >= 4096 else 6
+
+
+def data(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.standard_normal(shape) * 1.5 + 0.25
+
+
+def check(y, s, x, skip, scale=None, bias=None, *, axis=-1, **attrs) -> None:
+    expected_y, expected_s = reference.skip_rms_norm(x, skip, scale, bias, axis=axis, **attrs)
+    rtol, atol = reference.tolerance(x.dtype)
+    np.testing.assert_allclose(y.astype(np.float64), expected_y, rtol=rtol, atol=atol)
+    if s is not None:
+        bits = UINT[x.dtype.itemsize]
+        np.testing.assert_array_equal(s.view(bits), np.ascontiguousarray(expected_s).view(bits))
+
+
+def scale_for(rng, hidden: int, dt: np.dtype, kind: str, offset: int = 0):
+    s, b = rng.uniform(0.5, 1.5, hidden), rng.standard_normal(hidden) * 0.1
+    if kind == "scale":
+        return filled(s, dt, offset), None
+    if kind == "scale_f32":
+        return filled(s, np.dtype(np.float32), offset), None
+    if kind == "scale_bias":
+        return filled(s, dt, offset), filled(b, dt, offset)
+    return None, None
+
+
+CASES = [
+    (d, h, with_s, kind)
+    for d in DTYPES
+    for h in HIDDEN
+    for with_s in (True, False)
+    for kind in (("scale", "none") if with_s else ("scale_f32", "scale_bias"))
+]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "hidden", "with_s", "kind"),
+    CASES,
+    ids=[f"{d}-h{h}-{'S' if s else 'noS'}-{k}" for d, h, s, k in CASES],
+)
+def test_skip_hidden_sizes_emulated(emu, rng, dtype, hidden, with_s, kind):
+    dt = DTYPES[dtype]
+    shape = (rows_for(hidden), hidden)
+    x, skip = filled(data(rng, shape), dt), filled(data(rng, shape), dt)
+    scale, bias = scale_for(rng, hidden, dt, kind)
+    y, s, config = normalize(
+        emu, x, -1, scale, bias, skip=skip, sum_offset=0 if with_s else None, seed=hidden % 5
+    )
+    assert config.skip
+    check(y, s, x, skip, scale, bias)
+    # X and skip read once each where registers and shared memory hold the row (all but the
+    # Generic kernel's 65536 fp32 rows: its 512 threads hold 16 KB less)
+    held = config.items * config.threads * config.vec * dt.itemsize + config.smem_bytes
+    once = config.row_data_bytes == x.nbytes + skip.nbytes
+    assert once == (hidden * dt.itemsize <= held + 32), config
+
+
+BROADCAST = [
+    ((4, 3, 100), (3, 100)),
+    ((4, 3, 100), (1, 3, 100)),
+    ((4, 3, 128), (1, 128)),
+    ((2, 5, 4096), (5, 4096)),
+    ((2, 2, 33), (2, 33)),  # rows of a partial vector: element-wide
+    ((3, 2, 1, 64), (2, 1, 64)),
+]
+BROADCAST_CASES = [(d, x, k) for d in DTYPES for x, k in BROADCAST]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "x_shape", "skip_shape"),
+    BROADCAST_CASES,
+    ids=[f"{d}-{'x'.join(map(str, x))}-skip{'x'.join(map(str, k))}" for d, x, k in BROADCAST_CASES],
+)
+def test_skip_broadcast_over_leading_rows_emulated(emu, rng, dtype, x_shape, skip_shape):
+    """skip of X's shape with leading dims dropped or 1: X row r adds skip row r % skip_rows."""
+    dt = DTYPES[dtype]
+    x, skip = filled(data(rng, x_shape), dt), filled(data(rng, skip_shape), dt)
+    scale, _ = scale_for(rng, x_shape[-1], dt, "scale")
+    y, s, _ = normalize(emu, x, -1, scale, skip=skip, sum_offset=0, seed=3)
+    check(y, s, x, skip, scale)
+
+
+# offsets in elements past a 64-byte boundary of X, skip, Y, S
+LAYOUTS = {
+    "all_off1": (1, 1, 1, 1),  # misaligned alike: a scalar head, then 16-byte vectors
+    "skip_off1": (0, 1, 0, 0),  # skip unlike X: element-wide
+    "s_off3": (0, 0, 0, 3),
+    "y_off2": (0, 0, 2, 0),
+}
+LAYOUT_CASES = [
+    (d, h, lay) for d in DTYPES for h in (3, 33, 100, 1023, 4097, 8192) for lay in LAYOUTS
+]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "hidden", "layout"), LAYOUT_CASES, ids=[f"{d}-h{h}-{ly}" for d, h, ly in LAYOUT_CASES]
+)
+def test_skip_misaligned_pointers_emulated(emu, rng, dtype, hidden, layout):
+    dt = DTYPES[dtype]
+    ox, ok, oy, os_ = LAYOUTS[layout]
+    shape = (rows_for(hidden), hidden)
+    x, skip = filled(data(rng, shape), dt, ox), filled(data(rng, shape), dt, ok)
+    scale, _ = scale_for(rng, hidden, dt, "scale")
+    y, s, config = normalize(
+        emu, x, -1, scale, skip=skip, y_offset=oy, sum_offset=os_, seed=hidden % 3
+    )
+    check(y, s, x, skip, scale)
+    assert config.family == "generic"
+    assert config.vec == (16 // dt.itemsize if layout == "all_off1" else 1)
+
+
+SCHEDULE_CASES = [(d, h, seed) for d in DTYPES for h in (64, 200, 4097, 65536) for seed in (1, 2)]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "hidden", "seed"),
+    SCHEDULE_CASES,
+    ids=[f"{d}-h{h}-seed{s}" for d, h, s in SCHEDULE_CASES],
+)
+def test_skip_random_schedules_one_block_emulated(emu, rng, dtype, hidden, seed):
+    """One block strides over every row while its warps drift apart (the slot arrays and the
+    parked shared memory are reused row after row)."""
+    dt = DTYPES[dtype]
+    shape = (4 if hidden >= 65536 else 9, hidden)
+    x, skip = filled(data(rng, shape), dt), filled(data(rng, shape), dt)
+    scale, _ = scale_for(rng, hidden, dt, "scale")
+    y, s, _ = normalize(emu, x, -1, scale, skip=skip, sum_offset=0, max_grid=1, seed=seed)
+    check(y, s, x, skip, scale)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_skip_sum_rounds_to_nearest_even_emulated(emu, dtype):
+    """Ties of the sum round to even, as NumPy's Add of the type does (bit for bit)."""
+    dt = DTYPES[dtype]
+    ulp = 2.0**-7 if dtype == "bfloat16" else 2.0**-10  # at 1.0
+    x = filled(np.array([[1.0, 1.0 + ulp, -1.0, 3.0] * 8]), dt)
+    skip = filled(np.array([[ulp / 2, ulp / 2, -ulp / 2, 0.0] * 8]), dt)
+    y, s, _ = normalize(emu, x, skip=skip, sum_offset=0)
+    check(y, s, x, skip)
+    assert s[0, 0] == 1.0 and s[0, 1] == 1.0 + 2 * ulp  # even neighbours
+
+
+@pytest.mark.parametrize(("dtype", "magnitude"), [("float32", 1e25), ("bfloat16", 1e30)])
+@pytest.mark.parametrize("hidden", [64, 4096, 65536])
+def test_skip_large_values_rescaled_emulated(emu, rng, dtype, magnitude, hidden):
+    """S whose float32 sum of squares overflows: normalized as the reference does, S exact."""
+    dt = DTYPES[dtype]
+    shape = (2, hidden)
+    x = filled(data(rng, shape) * magnitude, dt)
+    skip = filled(data(rng, shape) * magnitude / 3, dt)
+    scale, _ = scale_for(rng, hidden, dt, "scale")
+    y, s, _ = normalize(emu, x, -1, scale, skip=skip, sum_offset=0, seed=1)
+    check(y, s, x, skip, scale)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"skip_rows": 2}, "skip rows must divide"),
+        ({"sum_without_skip": True}, "S without skip"),
+        ({"skip_offset_bytes": 1}, "not aligned to its element size"),
+        ({"sum_offset_bytes": 2}, "not aligned to its element size"),
+    ],
+    ids=["skip_rows", "sum_without_skip", "odd_skip", "odd_sum"],
+)
+def test_skip_parameter_checks_emulated(emu, change, message):
+    dt = DTYPES["float32"]
+    rows, cols = 3, 8
+    x, y = buffer((rows, cols), dt), buffer((rows, cols), dt)
+    x[...] = 1.0
+
+    def odd(shape, offset):
+        raw = np.zeros(int(np.prod(shape)) * 4 + 64, np.uint8)
+        start = (-raw.ctypes.data) % 16 + offset
+        return np.frombuffer(raw, dt, count=int(np.prod(shape)), offset=start).reshape(shape)
+
+    skip = odd((change.get("skip_rows", rows), cols), change.get("skip_offset_bytes", 0))
+    s = odd((rows, cols), change.get("sum_offset_bytes", 0))
+    s.flags.writeable = True
+    if change.get("sum_without_skip"):
+        skip = None
+    with pytest.raises(RuntimeError, match=message):
+        emu.run(x, y, skip=skip, sum_out=s)
