@@ -34,13 +34,6 @@ def opset_import() -> onnx.OperatorSetIdProto:
     return helper.make_opsetid(DOMAIN, VERSION)
 
 
-def _attrs(epsilon: float, axis: int, eps_outside: bool) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"epsilon": float(epsilon), "axis": int(axis)}
-    if eps_outside:
-        attrs["eps_outside"] = 1
-    return attrs
-
-
 def make_node(
     inputs: list[str],
     outputs: list[str],
@@ -49,25 +42,21 @@ def make_node(
     axis: int = DEFAULT_AXIS,
     eps_outside: bool = False,
     name: str | None = None,
+    op_type: str = OP_TYPE,
 ) -> onnx.NodeProto:
-    """One ``rmsnorm_onnx::RMSNorm`` node on X, optional scale, optional bias ('' = absent)."""
-    attrs = _attrs(epsilon, axis, eps_outside)
-    return helper.make_node(OP_TYPE, inputs, outputs, name=name, domain=DOMAIN, **attrs)
+    """One of our nodes: ``RMSNorm`` on X, optional scale, optional bias ('' = absent), or with
+    ``op_type=SKIP_OP_TYPE`` ``SkipRMSNorm`` on X, skip, scale, bias with outputs Y and S."""
+    if op_type not in OP_TYPES:
+        raise ValueError(f"op_type must be one of {OP_TYPES}, got {op_type!r}")
+    attrs: dict[str, Any] = {"epsilon": float(epsilon), "axis": int(axis)}
+    if eps_outside:
+        attrs["eps_outside"] = 1
+    return helper.make_node(op_type, inputs, outputs, name=name, domain=DOMAIN, **attrs)
 
 
-def make_skip_node(
-    inputs: list[str],
-    outputs: list[str],
-    *,
-    epsilon: float = DEFAULT_EPSILON,
-    axis: int = DEFAULT_AXIS,
-    eps_outside: bool = False,
-    name: str | None = None,
-) -> onnx.NodeProto:
-    """One ``rmsnorm_onnx::SkipRMSNorm`` node on X, skip, optional scale and bias ('' = absent);
-    outputs Y and, optionally, the sum S."""
-    attrs = _attrs(epsilon, axis, eps_outside)
-    return helper.make_node(SKIP_OP_TYPE, inputs, outputs, name=name, domain=DOMAIN, **attrs)
+def make_skip_node(inputs: list[str], outputs: list[str], **kwargs: Any) -> onnx.NodeProto:
+    """``make_node(..., op_type=SKIP_OP_TYPE)``: SkipRMSNorm on X, skip, scale?, bias?."""
+    return make_node(inputs, outputs, op_type=SKIP_OP_TYPE, **kwargs)
 
 
 def _attributes() -> list[defs.OpSchema.Attribute]:
@@ -142,6 +131,40 @@ def _skip_schema() -> defs.OpSchema:
 def _infer(ctx: Any) -> None:
     for i in range(ctx.get_num_outputs()):  # Y (and S) have X's type and shape
         ctx.set_output_type(i, ctx.get_input_type(0))
+
+
+_KINDS = {
+    "epsilon": onnx.AttributeProto.FLOAT,
+    "axis": onnx.AttributeProto.INT,
+    "eps_outside": onnx.AttributeProto.INT,
+}
+
+
+def attribute_problems(model: onnx.ModelProto) -> list[str]:
+    """What is wrong with the attributes of our nodes (main graph, subgraphs, functions).
+
+    The kernels check the kind of every attribute they read, but ORT's C API gives a kernel no
+    way to list a node's attributes, so an unknown one (``groups=2``) can only be caught here.
+    """
+    problems = []
+    graphs = [model.graph, *model.functions]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            for attr in node.attribute:
+                graphs += [attr.g] if attr.HasField("g") else []
+                graphs += list(attr.graphs)
+            if node.domain != DOMAIN or node.op_type not in OP_TYPES:
+                continue
+            for attr in node.attribute:
+                kind = _KINDS.get(attr.name)
+                label = f"{DOMAIN}::{node.op_type} node '{node.name}'"
+                if kind is None:
+                    problems.append(f"{label}: unknown attribute '{attr.name}'")
+                elif attr.type != kind:
+                    want = "a float" if kind == onnx.AttributeProto.FLOAT else "an int"
+                    problems.append(f"{label}: attribute '{attr.name}' must be {want}")
+    return problems
 
 
 def register() -> None:

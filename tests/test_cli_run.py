@@ -296,3 +296,17 @@ def test_threads_and_input_limit_within_bounds_run(decomposed: Path, capsys) -> 
     args = ["--threads", str(argtypes.max_threads()), "--dim", "batch=1000", "--dim", "seq=100"]
     assert main(["run", str(decomposed), "--repeat", "1", "--max-input-gb", "0.03", *args]) == 0
     assert "float32[1000, 100, 64]" in capsys.readouterr().out
+
+
+def test_unknown_attribute_of_our_op_is_refused(tmp_path: Path) -> None:
+    """ORT would run the node with `groups` ignored (its C API lists no attributes to a kernel)."""
+    import onnx
+
+    path = fused_rmsnorm_model(tmp_path / "m.onnx")
+    model = onnx.load(path)
+    model.graph.node[0].attribute.append(onnx.helper.make_attribute("groups", 2))
+    onnx.save(model, path)
+    done = run_cli("run", str(path), "--repeat", "1")
+    assert done.returncode != 0
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and "unknown attribute 'groups'" in lines[0], done.stderr

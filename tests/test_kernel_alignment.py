@@ -104,6 +104,7 @@ def test_buffers_at_any_address(kernel, dtype):
     tests_dir = str(Path(__file__).parent)
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, args, tests_dir, ops],
+        cwd=tests_dir,  # `python -c` imports from its folder: not the checkout's source package
         env=env,
         capture_output=True,
         text=True,

@@ -71,3 +71,43 @@ def test_skip_is_required():
     node = helper.make_node(op_schema.SKIP_OP_TYPE, ["x"], ["y"], domain=op_schema.DOMAIN)
     with pytest.raises(onnx.checker.ValidationError):
         onnx.checker.check_model(_model(node, ["y"], typed=True), full_check=True)
+
+
+@pytest.mark.parametrize(
+    ("attrs", "problem"),
+    [
+        ({"groups": 2}, "unknown attribute 'groups'"),
+        ({"axis": "0"}, "attribute 'axis' must be an int"),
+        ({"axis": [0]}, "attribute 'axis' must be an int"),
+        ({"epsilon": 1}, "attribute 'epsilon' must be a float"),
+        ({"eps_outside": "1"}, "attribute 'eps_outside' must be an int"),
+    ],
+)
+@pytest.mark.parametrize("op_type", op_schema.OP_TYPES)
+def test_attribute_problems_names_the_attribute(op_type, attrs, problem):
+    inputs = ["x", "skip"] if op_type == op_schema.SKIP_OP_TYPE else ["x"]
+    node = helper.make_node(op_type, inputs, ["y"], domain=op_schema.DOMAIN, name="n", **attrs)
+    # also inside an If branch: subgraphs are searched
+    branch = helper.make_graph([node], "branch", [], [helper.make_tensor_value_info("y", 10, None)])
+    outer = helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)
+    for model in (_model(node, ["y"]), _model(outer, ["y"])):
+        assert op_schema.attribute_problems(model) == [
+            f"rmsnorm_onnx::{op_type} node 'n': {problem}"
+        ] * (2 if model.graph.node[0].op_type == "If" else 1)
+
+
+def test_attribute_problems_accepts_the_contract():
+    node = op_schema.make_skip_node(["x", "skip", "w"], ["y"], epsilon=1e-5, axis=-1, eps_outside=1)
+    assert op_schema.attribute_problems(_model(node, ["y"])) == []
+
+
+@pytest.mark.parametrize("target", ["custom", "contrib", "standard", "decomposed"])
+def test_fusion_refuses_our_node_with_an_unknown_attribute(target):
+    from rmsnorm_onnx.errors import InvalidModelError
+    from rmsnorm_onnx.fusion import fuse
+
+    node = op_schema.make_node(["x", "w"], ["y"])
+    node.attribute.append(helper.make_attribute("groups", 2))
+    model = _model(node, ["y"], typed=True)
+    with pytest.raises(InvalidModelError, match="unknown attribute 'groups'"):
+        fuse(model, target=target)

@@ -170,8 +170,10 @@ def test_op_names_match_op_schema():
     text = header.read_text()
     domain = re.search(r'kDomain = "([^"]+)"', text).group(1)
     op_type = re.search(r'kOpType = "([^"]+)"', text).group(1)
+    skip_op_type = re.search(r'kSkipOpType = "([^"]+)"', text).group(1)
     version = int(re.search(r"kOpVersion = (\d+);", text).group(1))
     assert (domain, op_type, version) == (op_schema.DOMAIN, op_schema.OP_TYPE, op_schema.VERSION)
+    assert skip_op_type == op_schema.SKIP_OP_TYPE
     # and the built library registers exactly that: a node made by op_schema runs
     assert _y(session(make_model("float32"))).shape == X.shape
 

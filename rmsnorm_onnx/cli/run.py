@@ -204,10 +204,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load(path: str) -> Any:
+    from .. import op_schema
+    from ..errors import InvalidModelError
     from ..onnx_io import load_model
 
     # Weights are not needed to describe inputs; ORT reads the file (and external data) itself.
-    return load_model(path, load_external_data=False)
+    model = load_model(path, load_external_data=False)
+    problems = op_schema.attribute_problems(model)
+    if problems:  # ORT would run such a node with the attribute ignored
+        raise InvalidModelError(f"{path}: {problems[0]}")
+    return model
 
 
 def _session(path: str, provider: str, threads: int) -> tuple[Any, str]:

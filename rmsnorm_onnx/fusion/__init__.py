@@ -76,7 +76,11 @@ def fuse(
     tgt = targets.get(target)
     proto, base_dir = _read(model_or_path)
     _check_opset(proto)
-    wellformed.check(proto, str(model_or_path) if base_dir is not None else "model")
+    where = str(model_or_path) if base_dir is not None else "model"
+    wellformed.check(proto, where)
+    problems = op_schema.attribute_problems(proto)
+    if problems:  # our own nodes, malformed: converting them would drop or keep the stray
+        raise InvalidModelError(f"{where}: {problems[0]}")
     model = ir.serde.deserialize_model(_infer_shapes(proto))
     if base_dir is not None:
         ir.external_data.set_base_dir(model.graph, base_dir)

@@ -59,6 +59,9 @@ class FuseReport:
         lines = [f"{head} into target '{self.target}'"]
         lines += [f"  {n:4d} x {pattern}" for pattern, n in sorted(self.fused.items())]
         if self.converted:
+            total = sum(self.converted.values())
+            if total != self.fused_count:  # norms another tool (or we) had fused already
+                lines.append(f"converted {total} norm(s) in all, those already fused included")
             lines.append("written as")
             lines += [f"  {n:4d} x {what}" for what, n in sorted(self.converted.items())]
         lines.append(f"skipped {len(self.skipped)} candidate(s)")
