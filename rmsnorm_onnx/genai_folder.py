@@ -16,13 +16,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from . import onnx_io, op_schema
 from .errors import InvalidModelError, RMSNormOnnxError, UsageError
@@ -61,7 +59,7 @@ def _decoder(config: dict[str, Any], src: Path) -> tuple[dict[str, Any], Path]:
         )
     # by name, not by resolved path: a Hugging Face cache links a snapshot's files to blobs
     rel = Path(os.path.normpath(filename))
-    if rel.is_absolute() or rel.parts[0] == "..":
+    if rel.is_absolute() or rel.parts[:1] == ("..",):  # "." has no parts
         raise InvalidModelError(f"{src / CONFIG}: model.decoder.filename lies outside {src}")
     if not (src / rel).is_file():
         raise InvalidModelError(f"{src / CONFIG}: the model '{filename}' is missing")
@@ -78,21 +76,10 @@ def _check_output(src: Path, dst: Path) -> None:
         raise UsageError(f"{dst}: lies inside the input folder {src}")
 
 
-def _walk(graphs: list[onnx.GraphProto | onnx.FunctionProto]) -> bool:
-    """Whether any node of these graphs or functions (or their subgraphs) is one of our ops."""
-    stack = list(graphs)
-    while stack:
-        for node in stack.pop().node:
-            if node.domain == op_schema.DOMAIN:
-                return True
-            for attr in node.attribute:
-                stack += [attr.g] if attr.HasField("g") else list(attr.graphs)
-    return False
-
-
 def _uses_our_ops(model_path: Path) -> bool:
+    """Whether any node of the model (functions and subgraphs included) is one of our ops."""
     model = onnx_io.load_model(model_path, load_external_data=False)
-    return _walk([model.graph, *model.functions])
+    return any(n.domain == op_schema.DOMAIN for g in onnx_io.all_graphs(model) for n in g.node)
 
 
 def _ours(session_options: dict[str, Any]) -> str | None:
@@ -248,7 +235,7 @@ def _verify_decoder(original: Path, converted: Path, model: dict[str, Any]) -> N
 def _new_folder_beside(dst: Path) -> Path:
     """A new empty folder next to ``dst``, made with the usual mode (mkdtemp's is 0700)."""
     for _ in range(100):
-        tmp = dst.parent / f".{dst.name}.{secrets.token_hex(4)}.tmp"
+        tmp = onnx_io.temp_path(dst)  # named as our temporary files are
         try:
             tmp.mkdir()
         except FileExistsError:

@@ -17,6 +17,7 @@ from onnx import helper
 from .errors import InvalidModelError, UsageError
 
 __all__ = [
+    "all_graphs",
     "atomic_path",
     "load_model",
     "output_target",
@@ -26,6 +27,19 @@ __all__ = [
     "set_ir_version",
     "temp_path",
 ]
+
+
+def all_graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto | onnx.FunctionProto]:
+    """The main graph, the model's functions and every subgraph in them (If/Loop/Scan bodies)."""
+    stack: list[onnx.GraphProto | onnx.FunctionProto] = [model.graph, *model.functions]
+    while stack:
+        graph = stack.pop()
+        yield graph
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
 
 
 def set_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:

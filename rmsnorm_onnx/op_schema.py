@@ -17,6 +17,8 @@ from typing import Any
 import onnx
 from onnx import defs, helper
 
+from .onnx_io import all_graphs
+
 DOMAIN = "rmsnorm_onnx"
 OP_TYPE = "RMSNorm"
 SKIP_OP_TYPE = "SkipRMSNorm"
@@ -24,7 +26,6 @@ OP_TYPES = (OP_TYPE, SKIP_OP_TYPE)
 VERSION = 1
 DEFAULT_EPSILON = 1e-6
 DEFAULT_AXIS = -1
-ATTRIBUTES = ("epsilon", "axis", "eps_outside")  # the only attributes either op takes
 
 _FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 
@@ -133,7 +134,7 @@ def _infer(ctx: Any) -> None:
         ctx.set_output_type(i, ctx.get_input_type(0))
 
 
-_KINDS = {
+_KINDS = {  # the only attributes either op takes, and their kinds
     "epsilon": onnx.AttributeProto.FLOAT,
     "axis": onnx.AttributeProto.INT,
     "eps_outside": onnx.AttributeProto.INT,
@@ -147,13 +148,8 @@ def attribute_problems(model: onnx.ModelProto) -> list[str]:
     way to list a node's attributes, so an unknown one (``groups=2``) can only be caught here.
     """
     problems = []
-    graphs = [model.graph, *model.functions]
-    while graphs:
-        graph = graphs.pop()
+    for graph in all_graphs(model):
         for node in graph.node:
-            for attr in node.attribute:
-                graphs += [attr.g] if attr.HasField("g") else []
-                graphs += list(attr.graphs)
             if node.domain != DOMAIN or node.op_type not in OP_TYPES:
                 continue
             for attr in node.attribute:

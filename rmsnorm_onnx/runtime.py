@@ -206,7 +206,8 @@ def copy_options(options: onnxruntime.SessionOptions) -> onnxruntime.SessionOpti
     """
     import onnxruntime as ort
 
-    if options.has_providers():
+    has_providers = getattr(options, "has_providers", None)  # onnxruntime >= 1.22
+    if has_providers is not None and has_providers():
         raise RMSNormOnnxError(
             "the SessionOptions passed to rmsnorm_onnx.session() have providers added with "
             "add_provider(), which cannot be copied; pass them as providers= instead"
@@ -218,7 +219,7 @@ def copy_options(options: onnxruntime.SessionOptions) -> onnxruntime.SessionOpti
     for key in _CONFIG_KEYS:
         try:
             value = options.get_session_config_entry(key)
-        except Exception:  # RuntimeError: not set
+        except RuntimeError:  # not set
             continue
         copy.add_session_config_entry(key, value)
     return copy

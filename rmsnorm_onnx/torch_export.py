@@ -160,16 +160,7 @@ def _fuse_residual_adds(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 def _node_count(proto: onnx.ModelProto) -> int:
     """Nodes of the main graph, its subgraphs and the model's functions."""
-
-    def count(nodes: Sequence[onnx.NodeProto]) -> int:
-        total = len(nodes)
-        for node in nodes:
-            for attr in node.attribute:
-                for sub in (attr.g, *attr.graphs) if attr.HasField("g") else attr.graphs:
-                    total += count(sub.node)
-        return total
-
-    return count(proto.graph.node) + sum(count(f.node) for f in proto.functions)
+    return sum(len(graph.node) for graph in onnx_io.all_graphs(proto))
 
 
 def op_histogram(model: onnx.ModelProto) -> Counter[str]:

@@ -6,6 +6,7 @@ implementation of every op must compute the reference's answer, and the bookkeep
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import numpy as np
@@ -24,6 +25,14 @@ def rows():
     return bench.run(SHAPES, DTYPES, ops=list(bench.OPS), repeat=3, budget_s=0.001)
 
 
+def _missing_here(row) -> bool:
+    """Unavailable for a reason of this environment, not of ours: no torch (the oldest-ORT run
+    of CI), or an onnxruntime before opset 23 (1.21 refuses RMSNormalization's IR version)."""
+    no_torch = row.impl == "torch" and importlib.util.find_spec("torch") is None
+    old_ort = row.impl == "RMSNormalization" and "IR version" in row.note
+    return not row.available and (no_torch or old_ort)
+
+
 def test_rows_cover_every_op_shape_dtype_and_impl(rows):
     keys = [(r.op, r.shape, r.dtype, r.impl) for r in rows]
     assert len(keys) == len(set(keys))
@@ -32,6 +41,8 @@ def test_rows_cover_every_op_shape_dtype_and_impl(rows):
         for i in op.impl_names
     }  # fmt: skip
     for r in rows:
+        if _missing_here(r):
+            continue
         assert r.available, r
         assert r.median_ms > 0 and r.runs >= 3 and r.provider == "cpu"
         assert math.isclose(r.gbps, r.nbytes / (r.median_ms * 1e-3) / 1e9)
@@ -39,7 +50,11 @@ def test_rows_cover_every_op_shape_dtype_and_impl(rows):
 
 
 def test_every_timed_implementation_computed_the_reference(rows):
-    wrong = [(r.op, r.shape, r.dtype, r.impl, r.note) for r in rows if r.correct is not True]
+    wrong = [
+        (r.op, r.shape, r.dtype, r.impl, r.note)
+        for r in rows
+        if r.correct is not True and not _missing_here(r)
+    ]
     assert wrong == []
 
 
@@ -72,10 +87,18 @@ def test_each_implementation_against_the_reference(op_impl, dtype):
         pytest.importorskip("torch")
         got = kernels._torch_runner(op, feeds, w, "cpu")[1]()
     else:
+        import onnxruntime as ort
+
         from rmsnorm_onnx.runtime import session
 
         model, outputs = models.build(op, impl, dtype, (2, 3, 96), w)
-        got = dict(zip(outputs, session(model).run(list(outputs), feeds), strict=True))
+        try:
+            sess = session(model)
+        except Exception as e:  # only the opset-23 op may be missing, on onnxruntime < 1.22
+            if impl != "RMSNormalization" or "IR version" not in str(e):
+                raise
+            pytest.skip(f"onnxruntime {ort.__version__} predates ONNX opset 23: {e}")
+        got = dict(zip(outputs, sess.run(list(outputs), feeds), strict=True))
     x = feeds["x"].astype(np.float64)
     if op_name == "skip":
         y, s = reference.skip_rms_norm(feeds["x"], feeds["skip"], w, epsilon=bench.EPSILON)
@@ -162,6 +185,21 @@ def test_missing_implementation_is_a_row_with_a_reason(monkeypatch):
     assert not rows[1].available and math.isnan(rows[1].ratio) and rows[1].correct is None
     assert rows[1].note == "not available: torch is not installed"
     assert "not available: torch is not installed" in bench.format_table(rows)
+
+
+def test_a_failure_while_timing_is_the_failing_implementations(monkeypatch):
+    # torch runs once for the check, then fails when timed: its row says why, ours is timed
+    def fails_when_timed(*args):
+        def go():
+            raise RuntimeError("device lost")
+
+        return go, lambda: {}
+
+    monkeypatch.setattr(kernels, "_torch_runner", fails_when_timed)
+    rows = bench.run([(2, 8)], ["float32"], repeat=3, budget_s=0.001, impls=["torch"], check=False)
+    assert [r.impl for r in rows] == [bench.OURS, "torch"]
+    assert rows[0].available and rows[0].note == ""
+    assert not rows[1].available and rows[1].note == "not available: device lost"
 
 
 def test_every_implementation_in_the_table_can_be_built():

@@ -470,7 +470,7 @@ def _malformed(kind: str) -> onnx.ModelProto:
     [
         ("no-x", "a required input"),
         ("no-skip", "a required input"),
-        ("int-epsilon", "is not of type FLOAT"),
+        ("int-epsilon", "attribute 'epsilon' must be a float"),
         ("negative-epsilon", "epsilon must be a number >= 0"),
         ("axis", "axis 3 is out of range for rank 3"),
     ],

@@ -192,8 +192,9 @@ def test_folder_without_genai_config_is_refused(tmp_path: Path) -> None:
         ('{"model": {"decoder": {}}}', "names no model.decoder.filename"),
         ('{"model": {"decoder": {"filename": "../x.onnx"}}}', "lies outside"),
         ('{"model": {"decoder": {"filename": "gone.onnx"}}}', "the model 'gone.onnx' is missing"),
+        ('{"model": {"decoder": {"filename": "./"}}}', "the model './' is missing"),
     ],
-    ids=["json", "no-model", "no-filename", "outside", "missing"],
+    ids=["json", "no-model", "no-filename", "outside", "missing", "the-folder"],
 )
 def test_bad_genai_config_is_one_clear_error(genai_dir: Path, text: str, message: str) -> None:
     (genai_dir / CONFIG).write_text(text)

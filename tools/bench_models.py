@@ -157,8 +157,7 @@ def variants(exported: onnx.ModelProto, folder: Path, args: argparse.Namespace):
             elif name in ("RMSNorm", "SkipRMSNorm"):
                 if fused is None:
                     fused, report = fuse(exported, target="custom")
-                with_skip = getattr(report, "with_skip", 0)
-                remark = f"fused {report.fused_count}, {with_skip} with their residual Add"
+                remark = f"fused {report.fused_count}, {report.with_skip} with their residual Add"
                 yield name, (fused if name == "SkipRMSNorm" else split_skip(fused)), remark
             elif name == "contrib":
                 model, rep = fuse(exported, target="contrib")

@@ -174,25 +174,37 @@ def _mismatch(
     return ""
 
 
+class _RunFailed(Exception):
+    """An implementation raised while it was being timed."""
+
+    def __init__(self, impl: str, error: Exception) -> None:
+        super().__init__(impl)
+        self.impl, self.error = impl, error
+
+
 def _round_robin(
     runners: dict[str, Callable[[], None]], repeat: int, budget_s: float
 ) -> dict[str, list[float]]:
     """Times the runners in turns (one run each per round), so load that comes and goes on the
     machine hits every implementation alike. About ``budget_s`` per implementation, 3 to
-    ``repeat`` rounds."""
+    ``repeat`` rounds. A runner that raises is named by the :class:`_RunFailed` it becomes."""
     times: dict[str, list[float]] = {}
-    for impl, fn in runners.items():
-        fn()  # warm-up: first-run allocations, thread pool start
-        t0 = time.perf_counter()
-        fn()
-        times[impl] = [time.perf_counter() - t0]
-    round_s = sum(t[0] for t in times.values())
-    rounds = max(3, min(repeat, int(budget_s * len(runners) / max(round_s, 1e-9))))
-    for _ in range(rounds - 1):
+    impl = ""
+    try:
         for impl, fn in runners.items():
+            fn()  # warm-up: first-run allocations, thread pool start
             t0 = time.perf_counter()
             fn()
-            times[impl].append(time.perf_counter() - t0)
+            times[impl] = [time.perf_counter() - t0]
+        round_s = sum(t[0] for t in times.values())
+        rounds = max(3, min(repeat, int(budget_s * len(runners) / max(round_s, 1e-9))))
+        for _ in range(rounds - 1):
+            for impl, fn in runners.items():
+                t0 = time.perf_counter()
+                fn()
+                times[impl].append(time.perf_counter() - t0)
+    except Exception as e:
+        raise _RunFailed(impl, e) from e
     return times
 
 
@@ -320,11 +332,15 @@ def _measure(
             runners[impl] = go
         except Exception as e:  # not in this onnxruntime, unsupported dtype, no torch
             notes[impl] = _reason(e)
-    try:
-        # without ours the others are still timed: their GB/s, no ratios
-        times = _round_robin(runners, repeat, budget_s) if runners else {}
-    except Exception as e:
-        times, notes[OURS] = {}, _reason(e)
+    # without ours the others are still timed: their GB/s, no ratios
+    times: dict[str, list[float]] = {}
+    while runners:  # one that fails while timed gets the reason; the others are timed again
+        try:
+            times = _round_robin(runners, repeat, budget_s)
+            break
+        except _RunFailed as failed:
+            notes[failed.impl] = _reason(failed.error)
+            del runners[failed.impl]
     runners.clear()
     ours_ms = statistics.median(times[OURS]) * 1e3 if OURS in times else math.nan
     itemsize = np.dtype(dtype).itemsize

@@ -7,6 +7,7 @@ runs without importing numpy or onnx. A new implementation is a row here plus it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import UsageError
@@ -47,9 +48,7 @@ class Target:
         return f">= {self.at_least:g}x {self.impl}"
 
     def applies(self, shape: tuple[int, ...], itemsize: int) -> bool:
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         return (
             n * itemsize >= self.min_bytes
             and n >= self.min_elements
@@ -78,9 +77,7 @@ class Op:
     def moved_bytes(self, impl: str, shape: tuple[int, ...], itemsize: int) -> int:
         """Bytes an implementation must move: for ours and its rivals the useful traffic (inputs
         read, outputs written, the weight); for the copy its own (reads and one write)."""
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         if impl == COPY:
             return (self.copy_reads + 1) * n * itemsize
         return ((len(self.inputs) + len(self.outputs)) * n + shape[-1]) * itemsize

@@ -257,9 +257,7 @@ def _copy_range(src: int, dst: int, offset: int, length: int) -> None:
         chunk = os.pread(src, min(length, _CHUNK), offset)
         if not chunk:
             raise InvalidModelError("the input file became shorter while it was being read")
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(dst, view) :]
+        _write_all(dst, chunk)
         offset, length = offset + len(chunk), length - len(chunk)
 
 

@@ -33,7 +33,7 @@ def _graph_table(graph: onnx.GraphProto) -> Declared:
 
 def snapshot(proto: onnx.ModelProto, model: ir.Model) -> dict[int, Declared]:
     """What ``proto`` declared, per graph and function of ``model`` (its deserialized form, before
-    any rewrite), keyed by the id of the IR graph or function."""
+    any rewrite), keyed by the id of the IR graph (a function's: its ``graph``)."""
     tables: dict[int, Declared] = {}
 
     def walk(graph_proto: onnx.GraphProto, graph: ir.Graph) -> None:
@@ -52,8 +52,7 @@ def snapshot(proto: onnx.ModelProto, model: ir.Model) -> dict[int, Declared]:
     for key, function in model.functions.items():
         f_proto = functions.get(key)
         if f_proto is not None:
-            tables[id(function)] = _declared(getattr(f_proto, "value_info", []))
-            tables[id(function.graph)] = tables[id(function)]
+            tables[id(function.graph)] = _declared(getattr(f_proto, "value_info", []))
     return tables
 
 

@@ -24,30 +24,15 @@ STANDARD_OPSET = 23
 class Target:
     name: str
     eps_outside: bool  # its form adds epsilon to the root (else such norms become plain ops)
-    bias: bool  # its norm op takes a bias (else the bias is an Add after it)
     op_type: str | None  # the norm op it writes; None: plain ops
     mixed_types: bool  # its op accepts a half X with a float32 scale
-    summary: str  # one line for --help
 
 
 TARGETS = {
-    "custom": Target(
-        "custom", True, True, "RMSNorm", True, "rmsnorm_onnx::RMSNorm / SkipRMSNorm (every variant)"
-    ),
-    "contrib": Target(
-        "contrib",
-        False,
-        False,
-        "SimplifiedLayerNormalization",
-        True,
-        "onnxruntime's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization",
-    ),
-    "standard": Target(
-        "standard", False, False, "RMSNormalization", False, "ONNX RMSNormalization (opset 23)"
-    ),
-    "decomposed": Target(
-        "decomposed", True, True, None, True, "plain ONNX ops at the model's opset"
-    ),
+    "custom": Target("custom", True, "RMSNorm", True),
+    "contrib": Target("contrib", False, "SimplifiedLayerNormalization", True),
+    "standard": Target("standard", False, "RMSNormalization", False),
+    "decomposed": Target("decomposed", True, None, True),
 }
 
 
