@@ -20,6 +20,7 @@ _LAZY = {
     "library_path": "runtime",
     "session": "runtime",
     "rms_norm": "reference",
+    "openvino_extension": "openvino_ext",  # imports openvino
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -9,14 +9,22 @@ our ops, the custom-op library is copied into OUT and named relatively in
 ``model.decoder.session_options.custom_ops_library``: onnxruntime-genai (0.18) refuses a library
 path outside the model's folder and the working folder. OUT appears whole or not at all (built
 in a temporary folder beside it, then renamed); IN is only read.
+
+Only what lies inside IN is copied: regular files, and symlinks whose real path is inside IN (or
+in the blobs of the Hugging Face cache IN is a snapshot of) — a link to a file is copied as the
+file, a link to a folder inside IN stays a link. A link out of IN, a dangling link, a FIFO, a
+socket or a device is refused, naming it, before anything is written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +32,7 @@ import numpy as np
 
 from . import onnx_io, op_schema
 from .errors import InvalidModelError, RMSNormOnnxError, UsageError
-from .fusion import FuseReport, fuse_file
+from .fusion import FuseReport, fuse_file, inline
 from .fusion.external import external_files
 from .reference import tolerance
 from .runtime import _LIBRARY_NAMES, library_path
@@ -40,13 +48,36 @@ def _read_config(src: Path) -> dict[str, Any]:
     path = src / CONFIG
     if not path.is_file():
         raise UsageError(f"{src}: not an onnxruntime-genai model folder (no {CONFIG})")
+    if onnx_io.data_path(CONFIG, src) is None:  # it is written into OUT again
+        raise UsageError(f"{path}: is a symlink to {os.path.realpath(path)}, outside {src}")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(
+            path.read_text(encoding="utf-8"),
+            parse_float=_finite,
+            parse_constant=_not_json,
+        )
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidModelError(f"{path}: not readable as JSON ({e})") from None
+    except RecursionError:
+        raise InvalidModelError(f"{path}: nested too deeply to be a genai_config.json") from None
+    except ValueError as e:  # _finite, _not_json
+        raise InvalidModelError(f"{path}: {e}") from None
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise InvalidModelError(f"{path}: has no 'model' section")
     return config
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float; one beyond a double's range would be written back as Infinity,
+    which is not JSON."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is out of a double's range")
+    return value
+
+
+def _not_json(name: str) -> float:
+    raise ValueError(f"{name} is not JSON (a number is finite)")
 
 
 def _decoder(config: dict[str, Any], src: Path) -> tuple[dict[str, Any], Path]:
@@ -63,22 +94,36 @@ def _decoder(config: dict[str, Any], src: Path) -> tuple[dict[str, Any], Path]:
         raise InvalidModelError(f"{src / CONFIG}: model.decoder.filename lies outside {src}")
     if not (src / rel).is_file():
         raise InvalidModelError(f"{src / CONFIG}: the model '{filename}' is missing")
+    if onnx_io.data_path(str(rel), src) is None:
+        real = os.path.realpath(src / rel)
+        raise UsageError(f"{src / rel}: is a symlink to {real}, outside {src}")
     return decoder, rel
 
 
-def _check_output(src: Path, dst: Path) -> None:
+def _check_output(src: Path, dst: Path) -> Path:
+    """The folder to create or fill for OUT ``dst``: itself, or the empty folder it links to."""
+    if dst.is_symlink():
+        real = Path(os.path.realpath(dst))
+        if not real.exists():
+            raise UsageError(
+                f"{dst}: is a symlink to {real}, which does not exist; refusing to write through it"
+            )
+        dst = real  # written through, the link kept (as for a file OUT)
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise UsageError(f"{dst}: exists and is not an empty folder")
-    parent = dst.resolve().parent
-    if not parent.is_dir():
-        raise UsageError(f"{dst}: folder {parent} does not exist")
-    if dst.resolve() == src.resolve() or src.resolve() in dst.resolve().parents:
+    real = Path(os.path.realpath(dst))
+    if real == Path(os.path.realpath(os.getcwd())):
+        raise UsageError(f"{dst}: is the working folder; name a new folder for OUT")
+    if not real.parent.is_dir():
+        raise UsageError(f"{dst}: folder {real.parent} does not exist")
+    if real == src.resolve() or src.resolve() in real.parents:
         raise UsageError(f"{dst}: lies inside the input folder {src}")
+    return real
 
 
 def _uses_our_ops(model_path: Path) -> bool:
     """Whether any node of the model (functions and subgraphs included) is one of our ops."""
-    model = onnx_io.load_model(model_path, load_external_data=False)
+    model = inline.read(model_path).proto  # large inline weights not parsed
     return any(n.domain == op_schema.DOMAIN for g in onnx_io.all_graphs(model) for n in g.node)
 
 
@@ -90,20 +135,151 @@ def _ours(session_options: dict[str, Any]) -> str | None:
     return None
 
 
-def _carry_over(src: Path, tmp: Path, skip: set[Path]) -> int:
-    """Copy each file of ``src`` not in ``skip`` into ``tmp`` (links followed); the count."""
-    count = 0
-    for folder, dirs, files in os.walk(src):
-        dirs.sort()
-        rel = Path(folder).relative_to(src)
-        (tmp / rel).mkdir(exist_ok=True)
-        for name in sorted(files):
-            path = Path(folder) / name
-            if path.resolve() in skip:
-                continue
-            shutil.copy2(path, tmp / rel / name)
-            count += 1
-    return count
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """One thing of IN to recreate in OUT at ``rel``: a folder, a regular file (copied from its
+    real path ``source``) or a link to a folder inside IN (``target``, relative)."""
+
+    kind: str  # "dir", "file", "link"
+    rel: Path
+    source: Path | None = None
+    target: str | None = None
+
+
+_KINDS = {
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFIFO: "FIFO",
+    stat.S_IFSOCK: "socket",
+}
+
+
+def _special(path: Path, mode: int, via: str = "") -> UsageError:
+    kind = _KINDS.get(stat.S_IFMT(mode), "special file")
+    return UsageError(f"{path}: is {via}a {kind}, not a regular file; refusing to copy it")
+
+
+def _plan(src: Path) -> list[_Entry]:
+    """Everything under ``src`` as it will be carried over; refuses, naming it, anything that
+    is not a regular file or folder inside ``src`` (or a Hugging Face cache's blob)."""
+    root = Path(os.path.realpath(src))
+    blobs = onnx_io.hf_blobs(src)
+    entries: list[_Entry] = []
+
+    def walk(rel: Path) -> None:
+        with os.scandir(src / rel) as found:
+            items = sorted(found, key=lambda e: e.name)
+        for item in items:
+            path, sub = Path(item.path), rel / item.name
+            mode = item.stat(follow_symlinks=False).st_mode
+            if stat.S_ISDIR(mode):
+                entries.append(_Entry("dir", sub))
+                walk(sub)
+            elif stat.S_ISREG(mode):
+                entries.append(_Entry("file", sub, path))
+            elif stat.S_ISLNK(mode):
+                entries.append(_link(path, sub, src, root, blobs))
+            else:
+                raise _special(path, mode)
+
+    walk(Path())
+    return entries
+
+
+def _link(path: Path, rel: Path, src: Path, root: Path, blobs: Path | None) -> _Entry:
+    try:
+        real = Path(os.path.realpath(path, strict=True))
+        mode = os.stat(real).st_mode
+    except OSError:  # dangling, or a loop of links
+        raise UsageError(
+            f"{path}: is a symlink to {os.readlink(path)}, which does not exist; refusing to "
+            "copy it"
+        ) from None
+    in_src = real == root or root in real.parents
+    if stat.S_ISDIR(mode) and in_src:  # kept a link: copying it could copy IN into itself
+        target = os.path.relpath(real.relative_to(root), rel.parent)
+        return _Entry("link", rel, target=target)
+    if stat.S_ISREG(mode) and (in_src or (blobs is not None and blobs in real.parents)):
+        return _Entry("file", rel, real)
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        raise _special(path, mode, via=f"a symlink to {real}, ")
+    what = "folder" if stat.S_ISDIR(mode) else "file"
+    raise UsageError(
+        f"{path}: is a symlink to the {what} {real}, outside {src}; refusing to copy it"
+    )
+
+
+def _copy_regular(source: Path, dst: Path) -> None:
+    """Copy ``source`` (a real path, checked to be a regular file) to the new file ``dst``; the
+    file opened is the file checked, whatever replaces the name meanwhile."""
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _special(source, st.st_mode)
+        with open(fd, "rb", closefd=False) as fin, open(dst, "xb") as fout:
+            shutil.copyfileobj(fin, fout, 2**20)
+    finally:
+        os.close(fd)
+    os.chmod(dst, stat.S_IMODE(st.st_mode))
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _read_by_others(src: Path, entries: list[_Entry], decoder: Path) -> set[Path]:
+    """The files (relative to ``src``) that another model of the folder reads as external data."""
+    read: set[Path] = set()
+    for entry in entries:
+        if entry.kind != "file" or entry.rel.suffix != ".onnx" or entry.rel == decoder:
+            continue
+        try:
+            found = inline.read(src / entry.rel)
+            locations = external_files(found.proto, found)
+        except RMSNormOnnxError:  # not a model we can read: nothing to keep for it
+            continue
+        for location in locations:
+            rel = Path(os.path.normpath(entry.rel.parent / location))
+            if not rel.is_absolute() and rel.parts[:1] != ("..",):
+                read.add(rel)
+    return read
+
+
+def _carry_plan(src: Path, rel: Path, decoder_data: list[str], skip: set[Path]) -> list[_Entry]:
+    """What to copy besides what the conversion writes: everything but ``skip`` and the
+    decoder's data files, unless another model still reads them. Refuses where the converted
+    model's weights would be written over a file another model reads."""
+    entries = _plan(src)
+    shared = _read_by_others(src, entries, rel)
+    data = {Path(os.path.normpath(rel.parent / loc)): loc for loc in decoder_data}
+    # what fuse_file names the data files it writes (external.write): MODEL.data, MODEL.data1, …
+    written = {
+        rel.parent / f"{rel.name}.data{i or ''}": loc for i, loc in enumerate(sorted(decoder_data))
+    }
+    plan = []
+    for entry in entries:
+        if entry.rel in skip or (entry.rel in data and entry.rel not in shared):
+            continue
+        if entry.rel in written:
+            if data.get(entry.rel) == written[entry.rel]:
+                continue  # the same bytes, written by the conversion
+            raise UsageError(
+                f"{src / entry.rel}: another model of the folder reads it, and the converted "
+                "model's weights would be written in its place"
+            )
+        plan.append(entry)
+    return plan
+
+
+def _carry_over(src: Path, tmp: Path, plan: list[_Entry]) -> int:
+    """Recreate ``plan`` in ``tmp``; the number of files and links."""
+    for entry in plan:
+        out = tmp / entry.rel
+        if entry.kind == "dir":
+            out.mkdir()
+        elif entry.kind == "link":
+            os.symlink(entry.target, out)
+        else:
+            _copy_regular(entry.source, out)
+    return sum(1 for entry in plan if entry.kind != "dir")
 
 
 def fuse_folder(
@@ -122,24 +298,25 @@ def fuse_folder(
     ``dst`` must not exist or be an empty folder. Returns the model's fuse report, with notes on
     the folder.
     """
-    src_dir, dst_dir = Path(src), Path(dst)
+    src_dir, given = Path(src), Path(dst)
     config = _read_config(src_dir)
     decoder, rel = _decoder(config, src_dir)
     model = src_dir / rel
-    _check_output(src_dir, dst_dir)
+    dst_dir = _check_output(src_dir, given)
     options = decoder.setdefault("session_options", {})
     if not isinstance(options, dict):
         raise InvalidModelError(f"{src_dir / CONFIG}: model.decoder.session_options is no object")
     previous = _ours(options)
-    proto = onnx_io.load_model(model, load_external_data=False)
-    skip = {model.resolve()} | {(model.parent / loc).resolve() for loc in external_files(proto)}
-    skip.add((src_dir / CONFIG).resolve())
+    source = inline.read(model)  # large inline weights not parsed
+    skip = {rel, Path(CONFIG)}
     if previous is not None:
-        skip.add((src_dir / previous).resolve())
+        skip.add(Path(os.path.normpath(previous)))
+    plan = _carry_plan(src_dir, rel, list(external_files(source.proto, source, where=model)), skip)
 
+    onnx_io.remove_stale_temps(dst_dir.parent)  # folders of killed runs too
     tmp = _new_folder_beside(dst_dir)
     try:
-        carried = _carry_over(src_dir, tmp, skip)
+        carried = _carry_over(src_dir, tmp, plan)
         out_model = tmp / rel
         report = fuse_file(model, out_model, target=target, weights=weights)
         report.notes.append(f"carried over {carried} other file(s) of {src_dir}")
@@ -153,7 +330,7 @@ def fuse_folder(
             shutil.copy2(library, tmp / library.name)
             options["custom_ops_library"] = library.name  # relative: genai resolves it in OUT
             report.notes.append(
-                f"copied {library.name} into {dst_dir} and registered it in {CONFIG} "
+                f"copied {library.name} into {given} and registered it in {CONFIG} "
                 "(model.decoder.session_options.custom_ops_library)"
             )
         elif previous is not None:
@@ -163,7 +340,7 @@ def fuse_folder(
         if verify:
             _verify_decoder(model, out_model, config["model"])
             report.verified = True
-        report.notes = [note.replace(str(tmp), str(dst_dir)) for note in report.notes]
+        report.notes = [note.replace(str(tmp), str(given)) for note in report.notes]
         if dst_dir.exists():
             dst_dir.rmdir()  # empty (checked above)
         os.rename(tmp, dst_dir)

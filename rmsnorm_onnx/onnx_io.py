@@ -6,19 +6,24 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
-from onnx import helper
+from onnx import external_data_helper, helper
 
 from .errors import InvalidModelError, UsageError
 
 __all__ = [
     "all_graphs",
     "atomic_path",
+    "check_external_data",
+    "data_path",
+    "external_reference",
+    "hf_blobs",
     "load_model",
     "output_target",
     "remove_stale_temps",
@@ -48,7 +53,10 @@ def set_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:
     onnx's helpers stamp the newest IR version they know, which older onnxruntime releases refuse
     to read; the lowest valid one runs everywhere the opsets do.
     """
-    model.ir_version = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    lowest = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    if model.functions:  # model-local functions arrived in IR 8, their overloads in IR 10
+        lowest = max(lowest, 10 if any(f.overload for f in model.functions) else 8)
+    model.ir_version = lowest
     return model
 
 
@@ -96,8 +104,9 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_temps(folder: str | os.PathLike[str]) -> list[Path]:
-    """Remove our temporary files in ``folder`` whose process (on this host) is gone; returns
-    them. Only regular files of this user, named as ``temp_path`` names them."""
+    """Remove our temporary files and folders (a genai folder is built in one) in ``folder``
+    whose process (on this host) is gone; returns them. Only regular files and folders (not
+    symlinks) of this user, named as ``temp_path`` names them."""
     removed: list[Path] = []
     host, uid = _host(), os.getuid() if hasattr(os, "getuid") else None
     try:
@@ -113,9 +122,14 @@ def remove_stale_temps(folder: str | os.PathLike[str]) -> list[Path]:
             continue
         try:
             st = entry.stat(follow_symlinks=False)
-            if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
+            if uid is not None and st.st_uid != uid:
                 continue
-            os.unlink(entry.path)
+            if stat.S_ISREG(st.st_mode):
+                os.unlink(entry.path)
+            elif stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(entry.path)  # never follows the links inside
+            else:
+                continue
             removed.append(Path(entry.path))
         except OSError:
             continue
@@ -217,3 +231,93 @@ def load_model(path: str | os.PathLike[str], *, load_external_data: bool = True)
         except Exception as e:
             raise InvalidModelError(f"{p}: cannot load its external data ({e})") from None
     return model
+
+
+# --- external data: references checked as onnxruntime reads them, and where the files may lie
+
+_BYTE_COUNT = re.compile(r"[0-9]+")  # ASCII digits only: int() would take "-256", " 7", "٣"
+
+
+def external_reference(tensor: onnx.TensorProto, where: str = "model") -> tuple[str, int]:
+    """(location, offset + length) of a tensor stored as external data; a malformed reference
+    (no location, a NUL in it, an offset or length that is not a byte count) is an
+    InvalidModelError naming ``where`` and the tensor."""
+    fields = {entry.key: entry.value for entry in tensor.external_data}
+    location = fields.get("location", "")
+    what = f"{where}: tensor '{tensor.name}'"
+    if not location:
+        raise InvalidModelError(f"{what} is external but names no data file")
+    if "\0" in location:  # onnxruntime would read the file named by the part before it
+        raise InvalidModelError(f"{what}: external data location {location!r} holds a NUL byte")
+    end = 0
+    for key in ("offset", "length"):
+        text = fields.get(key, "0")
+        if not _BYTE_COUNT.fullmatch(text):
+            raise InvalidModelError(
+                f"{what}: external data {key} {text!r} is not a byte count (digits only)"
+            )
+        end += int(text)
+    return location, end
+
+
+def hf_blobs(folder: str | os.PathLike[str]) -> Path | None:
+    """The ``blobs`` folder of the Hugging Face cache ``folder`` lies in, if it lies in one.
+
+    The cache keeps each file once, in ``models--ORG--NAME/blobs/``; a revision is the folder
+    ``snapshots/REV/``, whose files are symlinks into those blobs (``../../blobs/HASH``, deeper
+    for files in subfolders).
+    """
+    for path in (os.path.abspath(folder), os.path.realpath(folder)):
+        parts = Path(path).parts
+        for i in range(len(parts) - 2, 0, -1):
+            if parts[i] == "snapshots" and parts[i - 1].startswith("models--"):
+                blobs = Path(*parts[:i], "blobs")
+                if blobs.is_dir():
+                    return Path(os.path.realpath(blobs))
+    return None
+
+
+def inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` lies inside ``folder`` once every link in both is resolved."""
+    return Path(os.path.realpath(folder)) in Path(os.path.realpath(path)).parents
+
+
+def data_path(location: str, base_dir: Path) -> Path | None:
+    """The real path of data file ``location`` of a model in ``base_dir``, or None where it lies
+    outside: named by a path inside the folder (no ``..`` out of it, not absolute), and really
+    there or in the blobs of the Hugging Face cache the folder is a snapshot of."""
+    rel = Path(os.path.normpath(location))
+    if rel.is_absolute() or rel.parts[:1] == ("..",):
+        return None
+    real = Path(os.path.realpath(base_dir / rel))
+    if inside(real, base_dir):
+        return real
+    blobs = hf_blobs(base_dir)
+    return real if blobs is not None and inside(real, blobs) else None
+
+
+def check_external_data(
+    model: onnx.ModelProto, base_dir: Path, source: str | os.PathLike[str]
+) -> None:
+    """Every external data reference is well-formed and its file lies inside ``base_dir`` (see
+    ``data_path``), is a regular file and holds the bytes the tensors name."""
+    needed: dict[str, int] = {}
+    for tensor in external_data_helper._get_all_tensors(model):
+        if external_data_helper.uses_external_data(tensor):
+            location, end = external_reference(tensor, str(source))
+            needed[location] = max(needed.get(location, 0), end)
+    for location, end in needed.items():
+        path = data_path(location, base_dir)
+        if path is None:
+            where = os.path.realpath(base_dir)
+            raise InvalidModelError(f"{source}: external data '{location}' lies outside {where}")
+        if not path.exists():
+            raise InvalidModelError(f"{source}: external data file '{location}' is missing")
+        if not path.is_file():
+            raise InvalidModelError(f"{source}: external data '{location}' is not a regular file")
+        size = path.stat().st_size
+        if size < end:
+            raise InvalidModelError(
+                f"{source}: external data file '{location}' is truncated "
+                f"({size} bytes, tensors need {end})"
+            )

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree
 
-from . import onnx_io, op_schema
+from . import onnx_io, op_functions, op_schema
 from .errors import RMSNormOnnxError, UsageError
 from .torch_module import EXPORT_MODES, RMSNorm, exporting
 
@@ -55,6 +55,7 @@ def export(
     check: bool = True,
     keep_stack_traces: bool = False,
     fusion: bool = True,
+    function_bodies: bool = True,
 ) -> onnx.ModelProto:
     """Export ``model(*args, **kwargs)`` to ONNX; write it to ``path`` (atomically) if given.
 
@@ -74,6 +75,9 @@ def export(
             paths of this machine, so by default they are dropped; the other node metadata stays).
         fusion: with ``rmsnorm="fused"``, run the fusion pass on the export (below). False: the
             graph as traced (e.g. to compare a fused export with and without the residual Adds).
+        function_bodies: with ``rmsnorm="fused"``, the file carries the definition of our ops as
+            model-local ONNX functions (:mod:`rmsnorm_onnx.op_functions`): onnxruntime without
+            our library, and other runtimes that inline functions, run those. False: bare ops.
 
     Fused mode has two steps. The trace gives one ``RMSNorm`` node per layer (``SkipRMSNorm``
     where the layer is called with a residual). Models whose decoder adds the residual outside
@@ -141,6 +145,9 @@ def export(
         proto = _fuse_residual_adds(proto)
     if rmsnorm == "fused" and any(n.domain == op_schema.DOMAIN for n in proto.graph.node):
         _ensure_opset_import(proto)
+        if function_bodies:
+            for note in op_functions.attach(proto).notes:
+                warnings.warn(note, stacklevel=2)
     onnx_io.set_ir_version(proto)
     if check:
         op_schema.register()
@@ -154,7 +161,7 @@ def _fuse_residual_adds(proto: onnx.ModelProto) -> onnx.ModelProto:
     """The fusion pass's model where it changed something (fewer nodes), else ``proto``."""
     from .fusion import fuse
 
-    fused, _ = fuse(proto, target="custom")
+    fused, _ = fuse(proto, target="custom", function_bodies=False)  # export adds them
     return fused if _node_count(fused) < _node_count(proto) else proto
 
 

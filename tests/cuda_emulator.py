@@ -14,14 +14,16 @@ from pathlib import Path
 
 import native_build
 import numpy as np
+from onnx import helper
 
 from rmsnorm_onnx import reference
 
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
 DTYPES["bfloat16"] = np.dtype(reference.bfloat16)
-DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}  # launch.h's DType
-MODES = ("warp", "block")  # launch_config.h's Mode
-FAMILIES = ("generic", "no_scale", "scale_same", "scale_f32")  # launch_config.h's Family
+# the library takes element types as ONNX numbers (TensorProto.DataType), as dtype.h's table has them
+ONNX_TYPES = {name: helper.np_dtype_to_tensor_dtype(dt) for name, dt in DTYPES.items()}
+MODES = ("warp", "block")  # launch_choice.h's Mode
+FAMILIES = ("generic", "no_scale", "scale_same", "scale_f32")  # launch_choice.h's Family
 
 # Dynamic shared memory a block can opt into, less the kernel's 512 static bytes, by architecture
 # (what rmsnorm.cu asks the device for).
@@ -160,7 +162,7 @@ class Emulator:
         scale_count: int = 0,
         bias_count: int = 0,
     ) -> _Params:
-        """launch.h's Params (pointers as addresses); a parameter pair defaults to full size."""
+        """launch_params.h's Params (pointers as addresses); a parameter pair defaults to full size."""
         return _Params(
             x=x_addr,
             y=y_addr,
@@ -168,9 +170,9 @@ class Emulator:
             bias=bias_addr,
             skip=skip_addr,
             sum=sum_addr,
-            x_type=DTYPE_CODES[dtype],
-            scale_type=DTYPE_CODES[scale_dtype or dtype],
-            bias_type=DTYPE_CODES[bias_dtype or dtype],
+            x_type=ONNX_TYPES[dtype],
+            scale_type=ONNX_TYPES[scale_dtype or dtype],
+            bias_type=ONNX_TYPES[bias_dtype or dtype],
             eps_outside=int(eps_outside),
             rows=rows,
             cols=cols,
@@ -259,7 +261,7 @@ class Emulator:
         return Config.from_c(used)
 
     def shared_limit_race(self, threads: int, launches: int, max_smem: int) -> tuple[int, int, int]:
-        """(raises, failed launches, limit left) of racing long-row launches (launcher.h)."""
+        """(raises, failed launches, limit left) of racing long-row launches (launch_protocol.h)."""
         out = [ctypes.c_int64() for _ in range(3)]
         self._lib.rmsnorm_onnx_emulated_shared_limit_race(threads, launches, max_smem, *out)
         return tuple(v.value for v in out)
@@ -287,7 +289,7 @@ def filled(values: np.ndarray, dtype: np.dtype, offset: int = 0) -> np.ndarray:
 
 
 def broadcast_pair(param_shape: tuple[int, ...], normalized: tuple[int, ...]) -> tuple[int, int]:
-    """(inner, period) of launch.h for a parameter broadcast over the normalized dims."""
+    """(inner, period) of launch_params.h for a parameter broadcast over the normalized dims."""
     shape = (1,) * (len(normalized) - len(param_shape)) + tuple(param_shape)
     used = [i for i, d in enumerate(shape) if d != 1]
     if not used:

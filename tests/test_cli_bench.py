@@ -1,4 +1,5 @@
-"""``rmsnorm-onnx bench``: a tiny quick run prints the table; --plot and --json write files."""
+"""``rmsnorm-onnx bench``: a tiny quick run prints the table with the memory ceiling; --plot and
+--json write files."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from cli_support import error_lines, run_cli
 
 
@@ -14,26 +16,30 @@ def test_bench_quick_run_with_plot_and_json(tmp_path: Path) -> None:
     png, data = tmp_path / "bench.png", tmp_path / "bench.json"
     result = run_cli(
         "bench", "--shapes", "8x64,4x256", "--dtypes", "float32", "--impl", "decomposed",
-        "--impl", "Add+rmsnorm_onnx", "--impl", "copy", "--repeat", "3", "--budget", "0.01",
+        "--impl", "Add+rmsnorm_onnx", "--repeat", "3", "--budget", "0.01", "--threads", "2",
         "--plot", png, "--json", data,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("machine: ") and "onnxruntime" in lines[0]
-    assert "load average" in lines[0]
+    assert "load average" in lines[0] and ", 2 threads;" in lines[0]
+    assert "ceil GB/s" in lines[1] and "of ceil" in lines[1]  # the header
     expected = {
-        ("rmsnorm", "rmsnorm_onnx"), ("rmsnorm", "decomposed"), ("rmsnorm", "copy"),
-        ("skip", "rmsnorm_onnx"), ("skip", "Add+rmsnorm_onnx"), ("skip", "copy"),
+        ("rmsnorm", "rmsnorm_onnx"), ("rmsnorm", "decomposed"),
+        ("skip", "rmsnorm_onnx"), ("skip", "Add+rmsnorm_onnx"),
     }  # fmt: skip
+    number = r"\s+([\d.]+)"
     for shape in ("8x64", "4x256"):
         for op, impl in expected:
+            # median ms, min ms, GB/s, (ours x,) ceiling GB/s, share of the ceiling
+            numbers = number * (4 if impl == "rmsnorm_onnx" else 5)
             row = re.search(
-                rf"^{op}\s+{shape}\s+float32 {re.escape(impl)}\s+([\d.]+)\s+([\d.]+)",
+                rf"^{op}\s+{shape}\s+float32 {re.escape(impl)}{numbers}\s+(\d+)%",
                 result.stdout,
                 re.M,
             )
             assert row, f"no row for {op} {impl} {shape}:\n{result.stdout}"
-            assert float(row[1]) > 0 and float(row[2]) > 0
+            assert all(float(v) > 0 for v in row.groups()[:-1])  # tiny shapes: 0% of the ceiling
     assert "WRONG" not in result.stdout
 
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -45,19 +51,23 @@ def test_bench_quick_run_with_plot_and_json(tmp_path: Path) -> None:
 
     report = json.loads(data.read_text())
     assert report["machine"]["onnxruntime"] and report["machine"]["cores"] >= 1
+    assert report["machine"]["threads"] == 2
     assert {(r["op"], tuple(r["shape"]), r["impl"]) for r in report["rows"]} == {
         (op, s, i) for s in ((8, 64), (4, 256)) for op, i in expected
     }
     assert all(r["gbps"] > 0 and r["correct"] is True for r in report["rows"])
+    for r in report["rows"]:
+        assert r["threads"] == 2 and r["ceiling_gbps"] > 0
+        assert r["of_ceiling"] == pytest.approx(r["gbps"] / r["ceiling_gbps"])
 
 
-def test_bench_one_op_and_its_targets() -> None:
+def test_bench_one_op_and_its_goals() -> None:
     result = run_cli(
         "bench", "--op", "skip", "--shapes", "2x128", "--dtypes", "float16", "--impl",
         "SkipSimplifiedLayerNormalization", "--repeat", "3", "--budget", "0.01",
-        "--check-targets",
+        "--check-goals",
     )  # fmt: skip
-    assert result.returncode in (0, 1), result.stderr  # 1: a target missed, timing on 2 rows
+    assert result.returncode in (0, 1), result.stderr  # 1: a goal missed, timing on 2 rows
     rows = [line.split()[:4] for line in result.stdout.splitlines() if line.startswith("skip")]
     assert rows == [
         ["skip", "2x128", "float16", "rmsnorm_onnx"],

@@ -55,7 +55,8 @@ def test_cli_prints_fused_and_skipped_per_pattern_and_reason(tmp_path: Path) -> 
     out = tmp_path / "fused.onnx"
     proc = _cli(str(src), str(out), "--verify")
     assert proc.returncode == 0, proc.stderr
-    assert "fused 1 RMSNorm(s) into target 'custom'" in proc.stdout
+    assert "converted 1 norm to RMSNorm (target 'custom')" in proc.stdout
+    assert "fused 1 norm from plain ops" in proc.stdout
     assert "1 x x²=pow, eps=inside, root=reciprocal +cast +scale" in proc.stdout
     assert "skipped 1 candidate(s)" in proc.stdout
     assert "the exponent is 3, not 2" in proc.stdout

@@ -27,7 +27,7 @@ KERNELS_PER_ARCHITECTURE = 2 * (SPECIALIZED + GENERIC)
 MAX_REGISTERS = {"warp": 48, "block": 64, "generic warp": 128, "generic block": 128}
 # issue 13: every kernel but the Generic fallbacks <= 64 registers, the Warp kernels <= 48
 BUDGET = {"warp": 48, "block": 64}
-FAMILIES = ("generic", "no_scale", "scale_same", "scale_f32")  # launch_config.h's Family
+FAMILIES = ("generic", "no_scale", "scale_same", "scale_f32")  # launch_choice.h's Family
 TYPES = {"f": "float32", "6__half": "float16", "13__nv_bfloat16": "bfloat16"}
 
 

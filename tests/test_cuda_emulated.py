@@ -703,7 +703,7 @@ def test_shared_limit_raised_once_per_kernel_emulated(emu):
     """Bug: cudaFuncSetAttribute(MaxDynamicSharedMemorySize) ran on every launch with that
     launch's size, and the attribute is process-wide: another thread could lower it between this
     thread's set and launch, which then failed. Now it is raised once per kernel and device, to
-    the device's maximum (launcher.h, over a fake driver with CUDA's semantics)."""
+    the device's maximum (launch_protocol.h, over a fake driver with CUDA's semantics)."""
     raises, failures, limit = emu.shared_limit_race(threads=8, launches=2000, max_smem=200_000)
     assert failures == 0
     assert raises == 1

@@ -246,3 +246,97 @@ def test_peak_memory_does_not_grow_with_the_weights(tmp_path):
     assert result["fused"] == layers
     assert offset >= 512 * 2**20
     assert result["extra_mb"] < 128, result
+
+
+def _saved(layout: str, folder: Path, ir_version: int) -> Path:
+    """A model of two norms stamped ``ir_version``, saved as ``layout`` describes."""
+    from inline_models import mlp_stack_model
+
+    folder.mkdir()
+    path = folder / "model.onnx"
+    if layout.startswith("inline"):
+        hidden = 64 if layout == "inline-large" else 8  # raw_data over/under inline.THRESHOLD
+        model = mlp_stack_model(2, hidden, 4 * hidden)
+        model.ir_version = ir_version
+        path.write_bytes(model.SerializeToString())
+    else:
+        model = _two_norm_model(Variant(dtype=np.float32, shape=(2, 3, 64)))
+        model.ir_version = ir_version
+        _save_external(model, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "layout", ["external-elsewhere", "external-beside", "inline-large", "inline-small"]
+)
+@pytest.mark.parametrize("ir_version", [10, 14], ids=["ir10", "ir14-newer-than-ort-reads"])
+def test_fuse_file_writes_the_ir_version_fuse_returns(tmp_path, layout: str, ir_version: int):
+    """The input's IR version is kept (raised only where the new opsets need it), in the file as
+    in memory; a version newer than onnxruntime reads becomes the lowest the opsets allow."""
+    src = _saved(layout, tmp_path / "in", ir_version)
+    fused, _ = fuse(src)
+    needed = onnx.helper.find_min_ir_version_for(list(fused.opset_import), ignore_unknown=True)
+    assert needed < 10  # the opsets alone would allow a lower version than the input's
+    expected = ir_version if ir_version <= 13 else needed
+    assert fused.ir_version == expected
+    out = src.parent / "fused.onnx" if layout == "external-beside" else tmp_path / "fused.onnx"
+    fuse_file(src, out)
+    assert onnx.load(out, load_external_data=False).ir_version == expected
+    from rmsnorm_onnx.runtime import session
+
+    session(str(out))  # onnxruntime reads what was written
+
+
+def _hf_cache_snapshot(root: Path, model: onnx.ModelProto) -> Path:
+    """The model saved with external data as the Hugging Face cache holds it: every file once in
+    ``models--ORG--NAME/blobs/`` under its hash, and ``snapshots/REV/`` made of links to them."""
+    staging = root / "staging"
+    staging.mkdir()
+    _save_external(model, staging / "model.onnx")
+    repo = root / "hub" / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for path in sorted(staging.iterdir()):
+        digest = _digest(path)
+        path.rename(repo / "blobs" / digest)
+        os.symlink(f"../../blobs/{digest}", snapshot / path.name)
+    staging.rmdir()
+    return snapshot / "model.onnx"
+
+
+def test_a_hugging_face_cache_snapshot_with_external_data(tmp_path):
+    """Its data file is a link into the cache's blobs: accepted by name, as onnxruntime does."""
+    v = Variant(dtype=np.float32, shape=(2, 3, 64))
+    src = _hf_cache_snapshot(tmp_path, _two_norm_model(v))
+    report = fuse_file(src, tmp_path / "fused.onnx", verify=True)
+    assert report.fused_count == 2 and report.verified
+    assert (tmp_path / "fused.onnx.data").read_bytes() == (
+        src.parent / "model.onnx.data"
+    ).read_bytes()
+    assert not (tmp_path / "fused.onnx.data").is_symlink()
+    inputs = {"x": feeds(v)["x"]}
+    _assert_same_outputs(_run_path(tmp_path / "fused.onnx", inputs), _run_path(src, inputs))
+
+
+def test_a_snapshot_link_out_of_the_cache_or_a_location_with_dotdot_is_refused(tmp_path):
+    src = _hf_cache_snapshot(tmp_path, _two_norm_model(Variant(dtype=np.float32, shape=(2, 64))))
+    blob = (src.parent / "model.onnx.data").resolve()
+    # escaping by "../" in the location string, even into the blobs, is refused
+    model = onnx.load(src, load_external_data=False)
+    for t in model.graph.initializer:
+        for entry in t.external_data:
+            if entry.key == "location":
+                entry.value = f"../../blobs/{blob.name}"
+    escaping = src.parent / "escaping.onnx"
+    escaping.write_bytes(model.SerializeToString())
+    with pytest.raises(InvalidModelError, match="lies outside"):
+        fuse_file(escaping, tmp_path / "out1.onnx")
+    # a link in the snapshot to a file outside the cache's blobs is refused
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(blob.read_bytes())
+    (src.parent / "model.onnx.data").unlink()
+    os.symlink(secret, src.parent / "model.onnx.data")
+    with pytest.raises(InvalidModelError, match="lies outside"):
+        fuse_file(src, tmp_path / "out2.onnx")
+    assert not any(p.name.startswith("out") for p in tmp_path.iterdir())

@@ -194,3 +194,74 @@ def test_a_symlinked_input_as_in_a_hugging_face_cache(tmp_path: Path) -> None:
     report = fuse_file(link, tmp_path / "fused.onnx", verify=True)
     assert report.fused_count == 2 and report.verified
     _same_weights(blob, tmp_path / "fused.onnx")
+
+
+def _padded_varint(n: int, size: int) -> bytes:
+    """``n`` as a varint of exactly ``size`` bytes (continuation bits on zero groups)."""
+    out = bytearray()
+    for i in range(size):
+        out.append(n & 0x7F | (0x80 if i < size - 1 else 0))
+        n >>= 7
+    assert n == 0
+    return bytes(out)
+
+
+def _with_padded_lengths(model: onnx.ModelProto, where: str, size: int) -> bytes:
+    """The model's bytes with one varint (the length of the first large initializer's raw_data,
+    of that initializer or of the graph, or the graph's field key) written in ``size`` bytes."""
+    graph = onnx.GraphProto()
+    graph.CopyFrom(model.graph)
+    graph.ClearField("initializer")
+    big = next(t for t in model.graph.initializer if len(t.raw_data) >= inline.THRESHOLD)
+    inits = b""
+    for t in model.graph.initializer:
+        if t is not big:
+            inits += b"\x2a" + _varint(t.ByteSize()) + t.SerializeToString()
+            continue
+        head = onnx.TensorProto()
+        head.CopyFrom(t)
+        head.ClearField("raw_data")
+        raw_len = len(t.raw_data)
+        raw_len = _padded_varint(raw_len, size) if where == "raw_data" else _varint(raw_len)
+        tensor = head.SerializeToString() + b"\x4a" + raw_len + t.raw_data
+        length = _padded_varint(len(tensor), size) if where == "tensor" else _varint(len(tensor))
+        inits += b"\x2a" + length + tensor
+    body = graph.SerializeToString() + inits
+    length = _padded_varint(len(body), size) if where == "graph" else _varint(len(body))
+    top = onnx.ModelProto()
+    top.CopyFrom(model)
+    top.ClearField("graph")
+    key = _padded_varint(0x3A, size) if where == "graph key" else b"\x3a"
+    return top.SerializeToString() + key + length + body
+
+
+@pytest.mark.parametrize("where", ["raw_data", "tensor", "graph"])
+def test_a_length_varint_protobuf_refuses_is_refused(tmp_path: Path, where: str) -> None:
+    """Protobuf reads a length (and a field key) as at most 5 bytes; the scanner did not, so it
+    fused files that every other reader refuses."""
+    model = mlp_stack_model(1, 64, 256)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_with_padded_lengths(model, where, 5))  # valid: the control
+    assert onnx.load(path).graph.initializer[3].raw_data == model.graph.initializer[3].raw_data
+    assert inline.split(path) is not None
+    path.write_bytes(_with_padded_lengths(model, where, 6))
+    with pytest.raises(Exception, match=r"DecodeError|Error parsing"):
+        onnx.load(path)
+    assert inline.split(path) is None
+    with pytest.raises(InvalidModelError, match="not a readable ONNX model"):
+        fuse_file(path, tmp_path / "out.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_a_field_key_protobuf_refuses_is_refused(tmp_path: Path) -> None:
+    model = mlp_stack_model(1, 64, 256)
+    path = tmp_path / "m.onnx"
+    for size, readable in ((5, True), (6, False)):
+        path.write_bytes(_with_padded_lengths(model, "graph key", size))
+        if readable:
+            assert len(onnx.load(path).graph.initializer) == len(model.graph.initializer)
+            assert inline.split(path) is not None
+        else:
+            assert inline.split(path) is None
+            with pytest.raises(InvalidModelError, match="not a readable ONNX model"):
+                fuse_file(path, tmp_path / "out.onnx")

@@ -40,6 +40,7 @@ class Case:
     s: str = "output"  # skip only: none (no S) | output (a graph output) | consumed | unused
     scale: str = "same"  # none | same (X's type) | float (float32 with a half X)
     bias: bool = False
+    float_bias: bool = False  # with a half X and no scale: a float32 bias
     eps_outside: bool = False
     axis: int = -1
     epsilon: float = 1e-5
@@ -63,7 +64,8 @@ class Case:
         rng = np.random.default_rng(7)
         dims = self.shape[self.axis :]
         scale = (1 + 0.5 * rng.standard_normal(dims)).astype(self.param_type)
-        bias = (0.5 * rng.standard_normal(dims)).astype(self.param_type)
+        bias_type = np.float32 if self.float_bias else self.param_type
+        bias = (0.5 * rng.standard_normal(dims)).astype(bias_type)
         return (None if self.scale == "none" else scale), (bias if self.bias else None)
 
 
@@ -185,6 +187,10 @@ CASES = [
     Case(dtype=F16, skip=(2, 3, 16)),
     Case(dtype=F16, skip=(3, 16), scale="float", s="consumed"),
     Case(dtype=F16, skip=(2, 3, 16), s="none", bias=True, opset=17),
+    # a half X with a float32 bias and no scale (scale and bias share a type in our ops)
+    Case(dtype=F16, scale="none", bias=True, float_bias=True),
+    Case(dtype=F16, skip=(2, 3, 16), scale="none", bias=True, float_bias=True),
+    Case(dtype=F16, skip=(3, 16), s="consumed", scale="none", bias=True, float_bias=True),
 ]
 
 

@@ -254,7 +254,7 @@ NEGATIVE = {
     "root-used-elsewhere": (_extra_consumer("Sqrt"), Variant(), "is also used by Neg"),
     "mean-is-graph-output": (_graph_output("ReduceMean"), Variant(), "is a graph output"),
     "root-is-graph-output": (_graph_output("Sqrt"), Variant(), "is a graph output"),
-    "swapped-div": (_swap_div, Variant(root="div"), "not an RMSNorm chain"),
+    "swapped-div": (_swap_div, Variant(root="div"), "x appears to the power -1"),
     "sub-for-add": (_sub_for_add, Variant(), "not an RMSNorm chain"),
     "reducesum": (_reducesum, Variant(), "ReduceSum of a square is a sum"),
     "mean-of-other-tensor": (_different_tensor, Variant(), "different tensor"),
@@ -325,7 +325,9 @@ def test_subgraph_and_function_bodies_are_visited(target: str) -> None:
     )
     fused, report = fuse(model, target=target)
     assert report.fused_count == 2, report.summary(verbose=True)
-    assert not [n for n in fused.functions[0].node if n.op_type == "ReduceMean"]
+    # the function holding the norm is inlined at its call site, as onnxruntime does on load
+    left = [f.name for f in fused.functions if f.domain != op_schema.DOMAIN]  # ours: op bodies
+    assert not left and any("local::Norm" in n for n in report.notes), report.notes
     inputs = {"x": feeds(v)["x"], "c": np.array(True)}
     got = run(fused, inputs)
     want = expected(v, inputs)
@@ -377,7 +379,7 @@ def test_cast_in_shared_with_a_residual_is_still_absorbed() -> None:
     assert list(report.fused) == ["x²=pow, eps=inside, root=reciprocal +cast +scale"]
     norm = next(n for n in fused.graph.node if n.op_type == "RMSNorm")
     assert norm.input[0] == "x"
-    assert sorted(op_types(fused)) == ["Cast", "Identity", "Neg", "RMSNorm"]
+    assert sorted(op_types(fused)) == ["Cast", "Neg", "RMSNorm"]
     inputs = feeds(v)
     rtol, atol = tolerance(F16)
     got, residual = run(fused, inputs)

@@ -240,3 +240,56 @@ def test_norm_ops_inside_if_branches_are_raised() -> None:
         np.testing.assert_allclose(
             run(fused, feeds)[0], run(original, feeds)[0], rtol=1e-5, atol=1e-5
         )
+
+
+def _leading_ones_scale(model: onnx.ModelProto, dims: list[int]) -> onnx.ModelProto:
+    """The model with its scale 'w' reshaped to ``dims`` (leading 1s in front of the hidden
+    size), as ORT's transformers optimizer and onnxscript write Falcon-H1's norms."""
+    [w] = [t for t in model.graph.initializer if t.name == "w"]
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w).reshape(dims), "w"))
+    return model
+
+
+@pytest.mark.parametrize("target", ["custom", "contrib", "standard", "decomposed"])
+@pytest.mark.parametrize(
+    ("op_type", "dims"),
+    [(SLN, [1, 16]), (RMSN, [1, 16]), (SLN, [1, 1, 16]), (SKIP_SLN, [1, 16])],
+    ids=["sln-1H", "rmsn-1H", "sln-11H", "skip-1H"],
+)
+def test_scale_with_leading_ones_converts_to_a_loadable_file(
+    op_type: str, dims: list[int], target: str, request
+) -> None:
+    """The scale broadcasts over no axis outside the normalized one: every target's file loads
+    and computes the reference (ORT's own skip op refuses such a gamma; ours need not)."""
+    if target == "custom":
+        request.getfixturevalue("fused_library")
+    if op_type == SKIP_SLN:
+        original = skip_model(F32, ("y", "sum"), epsilon=1e-5)
+    else:
+        original = norm_model(op_type, F32, F32, epsilon=1e-5)
+    w = numpy_helper.to_array(original.graph.initializer[0])
+    original = _leading_ones_scale(original, dims)
+    fused, report = fuse(original, target=target)
+    assert sum(report.converted.values()) == 1 and report.skipped == []
+    feeds = _feeds(original)
+    got = run(fused, feeds)
+    if op_type == SKIP_SLN:
+        want = list(skip_rms_norm(feeds["x"], feeds["skip"], w, epsilon=1e-5))
+    else:
+        want = [rms_norm(feeds["x"], w, epsilon=1e-5)]
+    assert len(got) == len(want)
+    for g, v in zip(got, want, strict=True):
+        assert g.shape == v.shape
+        np.testing.assert_allclose(g.astype(np.float64), v, rtol=1e-5, atol=1e-5)
+
+
+def test_scale_broadcasting_over_other_axes_is_left_with_reason() -> None:
+    """A [3, 16] scale on X [2, 3, 16] normalizing the last axis scales each row differently:
+    not one RMSNorm, left alone."""
+    original = norm_model(SLN, F32, F32)
+    w = numpy_helper.to_array(original.graph.initializer[0])
+    original.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.tile(w, (3, 1)), "w"))
+    fused, report = fuse(original)
+    assert [n.op_type for n in fused.graph.node] == [SLN]
+    [skip] = report.skipped
+    assert "'w'" in skip.reason and "[3,16]" in skip.reason

@@ -46,10 +46,13 @@ def _valid_model(folder: Path) -> Path:
     return decomposed_rmsnorm_model(folder / "model.onnx", hidden=16, dims=(2, 3))
 
 
-def _with_external_weight(folder: Path, location: str, data: bytes | None = None) -> Path:
+def _with_external_weight(
+    folder: Path, location: str, data: bytes | None = None, offset: str = "0", length: str = ""
+) -> Path:
     """The valid model with its weight stored externally at ``location`` (written as given).
 
-    ``data``: the bytes to write at ``folder/location`` (None: write nothing there).
+    ``data``: the bytes to write at ``folder/location`` (None: write nothing there);
+    ``offset``, ``length``: the strings written for them (``length`` by default the weight's).
     """
     path = _valid_model(folder)
     model = onnx.load_model(path)
@@ -58,7 +61,8 @@ def _with_external_weight(folder: Path, location: str, data: bytes | None = None
     weight.ClearField("float_data")
     weight.ClearField("raw_data")
     weight.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", "0"), ("length", str(len(raw)))):
+    entries = (("location", location), ("offset", offset), ("length", length or str(len(raw))))
+    for key, value in entries:
         entry = weight.external_data.add()
         entry.key, entry.value = key, value
     if data is not None:
@@ -205,6 +209,48 @@ def _external_is_directory(folder: Path) -> Path:
     return _with_external_weight(folder, "weights.bin")
 
 
+def _bad_offset(offset: str, length: str = "") -> Callable[[Path], Path]:
+    """External data whose offset (or length) is not a byte count: ``abc``, ``-256``, ``0.0``."""
+
+    def make(folder: Path) -> Path:
+        return _with_external_weight(folder, "weights.bin", b"\0" * 4096, offset, length)
+
+    return make
+
+
+def _nul_in_location(folder: Path) -> Path:
+    (folder / "weights.bin").write_bytes(b"\0" * 4096)
+    return _with_external_weight(folder, "weights.bin\0.txt")
+
+
+def _overlong_length_varint(folder: Path) -> Path:
+    """A large inline weight whose raw_data length is a 6-byte varint: protobuf reads at most 5
+    (the inline-weights scanner must refuse what protobuf refuses)."""
+    path = decomposed_rmsnorm_model(folder / "model.onnx", hidden=512, dims=(2, 3))
+    model = onnx.load_model(path)
+    (weight,) = [t for t in model.graph.initializer if t.name == "weight"]
+    raw = weight.raw_data
+    weight.ClearField("raw_data")
+    n, padded = len(raw), bytearray()
+    for i in range(6):
+        padded.append(n & 0x7F | (0x80 if i < 5 else 0))
+        n >>= 7
+    tensor = weight.SerializeToString() + b"\x4a" + bytes(padded) + raw
+    model.graph.initializer.remove(weight)
+    graph = model.graph.SerializeToString() + b"\x2a" + _varint(len(tensor)) + tensor
+    model.ClearField("graph")
+    path.write_bytes(model.SerializeToString() + b"\x3a" + _varint(len(graph)) + graph)
+    return path
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes([*out, n])
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     make: Callable[[Path], Path]
@@ -227,6 +273,12 @@ CASES: dict[str, Case] = {
     "external-data-missing": Case(_missing_external),
     "external-data-too-short": Case(_short_external),
     "external-data-is-directory": Case(_external_is_directory),
+    "external-data-offset-abc": Case(_bad_offset("abc")),
+    "external-data-offset--256": Case(_bad_offset("-256")),
+    "external-data-offset-0.0": Case(_bad_offset("0.0")),
+    "external-data-length-1e3": Case(_bad_offset("0", "1e3")),
+    "external-data-location-NUL": Case(_nul_in_location),
+    "inline-weight-overlong-length-varint": Case(_overlong_length_varint),
     "cyclic-node-inputs": Case(_cyclic),
     "node-consumes-own-output": Case(_self_loop),
     "dangling-node-input": Case(_dangling),

@@ -3,13 +3,15 @@ and torch.
 
     python tools/bench_kernels.py                      # CPU, both ops, their shapes, fp32 and fp16
     python tools/bench_kernels.py --op skip            # only the residual form (Add + RMSNorm)
-    python tools/bench_kernels.py --check-targets      # ... and grade the CPU targets (exit 1)
+    python tools/bench_kernels.py --check-goals        # ... and grade the CPU goals (exit 1)
     python tools/bench_kernels.py --cuda --dtypes float16 --json bench_cuda.json
     python tools/bench_kernels.py --plot bench.png     # GB/s against hidden size
 
 The same program as ``rmsnorm-onnx bench`` (every option of ``rmsnorm-onnx bench --help``),
-runnable from a source checkout: prints the machine, median times, GB/s (bytes read + written)
-and each implementation's time relative to ours, each answer checked against the reference.
+runnable from a source checkout: prints the machine, median and minimum times, GB/s (bytes read +
+written), each implementation's time relative to ours, and the memory ceiling (a stream copy of
+the same tensors on the same threads) with each one's share of it; each answer is checked
+against the reference before it is timed, torch is timed in a process of its own.
 """
 
 from __future__ import annotations

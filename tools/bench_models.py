@@ -25,12 +25,10 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +38,7 @@ from onnx import helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout
 
 from rmsnorm_onnx import op_schema
+from rmsnorm_onnx.bench.timing import Timing, round_robin
 
 VARIANTS = ("decomposed", "RMSNorm", "SkipRMSNorm", "contrib", "ort-optimizer")
 # the ops a reader wants counted: the norms in every form, and the Adds left in front of them
@@ -172,24 +171,6 @@ def counts(model: onnx.ModelProto) -> Counter[str]:
     return Counter(n.op_type for n in model.graph.node if n.op_type in COUNTED)
 
 
-def time_round_robin(
-    runners: dict[str, Callable[[], object]], repeat: int, budget_s: float
-) -> dict[str, list[float]]:
-    """In turns, one run each per round, so load that comes and goes hits all alike."""
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for fn in runners.values():
-        fn()  # warm-up
-    start = time.perf_counter()
-    for i in range(repeat):
-        for name, fn in runners.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-        if i >= 2 and time.perf_counter() - start > budget_s:
-            break
-    return times
-
-
 def bench_dtype(args: argparse.Namespace, dtype: str, folder: Path) -> list[dict[str, object]]:
     import onnxruntime as ort
 
@@ -233,11 +214,16 @@ def bench_dtype(args: argparse.Namespace, dtype: str, folder: Path) -> list[dict
                 diff = np.abs(outputs[row["variant"]].astype(np.float64) - want).max() / scale
                 row["max_rel_diff"] = float(diff)
                 row["agrees"] = bool(diff <= _AGREE[dtype])
-    times = time_round_robin(runners, args.repeat, args.budget)
+    # in turns, one run each per round, so load that comes and goes hits all alike
+    times = round_robin(runners, repeat=args.repeat, budget_s=args.budget)
     for row in rows:
         if row["variant"] in times:
-            row["median_ms"] = statistics.median(times[row["variant"]]) * 1e3
-            row["runs"] = len(times[row["variant"]])
+            timing = Timing.of(times[row["variant"]])
+            row["median_ms"], row["min_ms"], row["runs"] = (
+                timing.median_ms,
+                timing.min_ms,
+                timing.runs,
+            )
     return rows
 
 

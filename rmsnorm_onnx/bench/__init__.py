@@ -1,22 +1,27 @@
-"""Kernel benchmark: our ops beside the other ways to compute them, in one process, same inputs.
+"""Kernel benchmark: our ops beside the other ways to compute them, on the same inputs.
 
 One table (``ops.OPS``) lists, per op, the implementations timed side by side:
 
 - ``rmsnorm``: ours; the decomposed graph exporters emit; ORT's ``SimplifiedLayerNormalization``;
-  ONNX ``RMSNormalization``; ORT ``LayerNormalization``; ``torch.nn.functional.rms_norm``; and a
-  copy-class ORT ``Mul`` by a scalar.
+  ONNX ``RMSNormalization``; ORT ``LayerNormalization``; ``torch.nn.functional.rms_norm``.
 - ``skip`` (residual Add + RMSNorm, outputs Y and the sum S): our ``SkipRMSNorm``; ORT's
   ``com.microsoft.SkipSimplifiedLayerNormalization``; ``Add`` + our ``RMSNorm``; ``Add`` + the
-  decomposed chain; torch (``x + r``, then ``rms_norm``); and a copy-class ORT ``Add``.
+  decomposed chain; torch (``x + r``, then ``rms_norm``).
 
-Times are medians; GB/s counts the bytes an implementation must move (the op's inputs read, its
-outputs written, the weight; for the copy, what it reads and writes). ``ratio`` is the
-implementation's time over ours (> 1: ours is faster). Every implementation's answer is checked
-against the float64 reference before it is timed. Library use: ``run(...)`` returns rows,
-``format_table(rows)`` prints them and ``check_targets(rows)`` grades them.
+Beside them, the memory ceiling: a plain streaming copy of the same bytes on the same threads
+(``stream_copy``), measured the way STREAM measures its Copy. Times are medians (and minima);
+GB/s counts the bytes an op must move (its inputs read, its outputs written, the weight), the
+ceiling's GB/s the bytes its copy reads and writes (the same tensors, no weight); ``of_ceiling``
+is an implementation's GB/s over the ceiling's. ``ratio`` is the implementation's time over
+ours (> 1: ours is faster). ORT implementations and the ceiling are timed in turns
+(``timing.round_robin``); torch in a process of its own, so that its spinning threads cannot
+slow what is timed after it (``torch_worker``).
+Every implementation's answer is checked against the float64 reference before it is timed.
+Library use: ``run(...)`` returns rows, ``format_table(rows)`` prints them and
+``check_goals(rows)`` grades them.
 
 The table and the shape parser load with the standard library alone (the CLI's ``--help`` reads
-them); ``run``, ``Row``, ``format_table`` and ``check_targets`` import numpy and onnx when first
+them); ``run``, ``Row``, ``format_table`` and ``check_goals`` import numpy and onnx when first
 used.
 """
 
@@ -26,37 +31,48 @@ from typing import Any
 
 from .ops import (
     ALL_IMPLS,
-    COPY,
+    CEILING,
     DEFAULT_DTYPES,
+    DTYPES,
     EPSILON,
     OPS,
     OURS,
+    TORCH,
+    Goal,
     Impl,
     Op,
-    Target,
     parse_shapes,
     shape_text,
 )
 
 __all__ = [
     "ALL_IMPLS",
-    "COPY",
+    "CEILING",
     "DEFAULT_DTYPES",
+    "DTYPES",
     "EPSILON",
     "OPS",
     "OURS",
+    "TORCH",
+    "Goal",
     "Impl",
     "Op",
     "Row",
-    "Target",
-    "check_targets",
+    "check_goals",
+    "default_threads",
     "format_table",
     "parse_shapes",
     "run",
     "shape_text",
 ]
 
-_LAZY = {"run": "kernels", "Row": "kernels", "format_table": "report", "check_targets": "report"}
+_LAZY = {
+    "run": "measure",
+    "Row": "measure",
+    "default_threads": "measure",
+    "format_table": "report",
+    "check_goals": "report",
+}
 
 
 def __getattr__(name: str) -> Any:

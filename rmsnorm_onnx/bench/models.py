@@ -1,4 +1,5 @@
-"""One-node (or one-chain) ONNX models for every implementation in ``ops.OPS`` but torch.
+"""One-node (or one-chain) ONNX models for every implementation in ``ops.OPS`` but torch: a node
+maker per (op, implementation) in ``NODE_MAKERS``, made into a model by ``build``.
 
 Every model of an op has the op's inputs (``x``, and ``skip`` for the residual form) and writes
 the outputs it computes under the op's names (``y``, and the sum ``s``), with a weight of X's
@@ -15,9 +16,8 @@ from onnx import TensorProto, helper
 
 from .. import op_schema
 from ..onnx_io import set_ir_version
-from .ops import COPY, EPSILON, OURS, TORCH, Op
+from .ops import EPSILON, OURS, Op
 
-ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 _MS_DOMAIN = "com.microsoft"
 
 Nodes = list[onnx.NodeProto]
@@ -47,7 +47,8 @@ def _decomposed(x: str, y: str, dtype: str) -> tuple[Nodes, Inits]:
         helper.make_node("Mul", [xf, "inv"], ["normed" if f32 else "normed_f"]),
     ]
     if not f32:
-        nodes.append(helper.make_node("Cast", ["normed_f"], ["normed"], to=ONNX_TYPE[dtype]))
+        to = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        nodes.append(helper.make_node("Cast", ["normed_f"], ["normed"], to=to))
     nodes.append(helper.make_node("Mul", ["normed", "w"], [y]))
     return nodes, consts
 
@@ -56,8 +57,8 @@ def _add() -> onnx.NodeProto:
     return helper.make_node("Add", ["x", "skip"], ["s"])
 
 
-# (op, impl) -> (nodes, initializers besides the weight "w", opset, outputs the model writes)
-Builder = Callable[[str, np.ndarray], tuple[Nodes, Inits, int, tuple[str, ...]]]
+# (dtype, weight) -> (nodes, initializers besides the weight "w", opset, outputs the model writes)
+NodeMaker = Callable[[str, np.ndarray], tuple[Nodes, Inits, int, tuple[str, ...]]]
 
 
 def _rms_ours(dtype: str, w: np.ndarray):
@@ -83,11 +84,6 @@ def _rms_layernorm(dtype: str, w: np.ndarray):
 
 def _rms_decomposed(dtype: str, w: np.ndarray):
     return (*_decomposed("x", "y", dtype), 18, ("y",))
-
-
-def _rms_copy(dtype: str, w: np.ndarray):
-    two = _const("two", np.array(2, dtype=dtype))
-    return [helper.make_node("Mul", ["x", "two"], ["y"])], [two], 18, ("y",)
 
 
 def _skip_ours(dtype: str, w: np.ndarray):
@@ -116,22 +112,16 @@ def _skip_add_decomposed(dtype: str, w: np.ndarray):
     return [_add(), *nodes], consts, 18, ("y", "s")
 
 
-def _skip_copy(dtype: str, w: np.ndarray):
-    return [_add()], [], 18, ("s",)
-
-
-BUILDERS: dict[tuple[str, str], Builder] = {
+NODE_MAKERS: dict[tuple[str, str], NodeMaker] = {
     ("rmsnorm", OURS): _rms_ours,
     ("rmsnorm", "decomposed"): _rms_decomposed,
     ("rmsnorm", "SimplifiedLayerNormalization"): _rms_sln,
     ("rmsnorm", "RMSNormalization"): _rms_onnx,
     ("rmsnorm", "LayerNormalization"): _rms_layernorm,
-    ("rmsnorm", COPY): _rms_copy,
     ("skip", OURS): _skip_ours,
     ("skip", "SkipSimplifiedLayerNormalization"): _skip_ort,
     ("skip", "Add+rmsnorm_onnx"): _skip_add_ours,
     ("skip", "Add+decomposed"): _skip_add_decomposed,
-    ("skip", COPY): _skip_copy,
 }
 
 
@@ -139,18 +129,17 @@ def build(
     op: Op, impl: str, dtype: str, shape: Sequence[int], weight: np.ndarray
 ) -> tuple[bytes, tuple[str, ...]]:
     """The serialized model of ``impl`` for ``op`` and the names of the outputs it writes."""
-    if impl == TORCH or (op.name, impl) not in BUILDERS:
+    if (op.name, impl) not in NODE_MAKERS:
         raise ValueError(f"no ONNX model for {impl!r} of {op.name}")
-    nodes, inits, opset, outputs = BUILDERS[op.name, impl](dtype, weight)
-    t = ONNX_TYPE[dtype]
-    uses_w = any("w" in n.input for n in nodes)  # the copies do not: ORT would warn
+    nodes, inits, opset, outputs = NODE_MAKERS[op.name, impl](dtype, weight)
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     dims: list[int | str] = [f"d{i}" for i in range(len(shape) - 1)] + [shape[-1]]
     graph = helper.make_graph(
         nodes,
         f"bench_{op.name}",
         [helper.make_tensor_value_info(name, t, dims) for name in op.inputs],
         [helper.make_tensor_value_info(name, t, dims) for name in outputs],
-        initializer=([_const("w", weight)] if uses_w else []) + inits,
+        initializer=[_const("w", weight), *inits],
     )
     opsets = [helper.make_opsetid("", opset)]
     domains = {n.domain for n in nodes}

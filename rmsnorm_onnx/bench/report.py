@@ -1,14 +1,12 @@
-"""The benchmark's rows as a table, and graded against each op's targets (``ops.Op.targets``)."""
+"""The benchmark's rows as a table, and graded against each op's goals (``ops.Op.goals``)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
-from .kernels import Row
-from .ops import COPY, OPS, OURS, shape_text
+from .measure import Row
+from .ops import CEILING, OPS, OURS, shape_text
 
 
 def _fmt(v: float, spec: str) -> str:
@@ -29,49 +27,50 @@ def _blocks(rows: Sequence[Row]) -> dict[tuple[str, tuple[int, ...], str], dict[
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    """A plain-text table: one block per (op, shape, dtype), ours first, ratios against ours,
-    our GB/s as a share of the copy's."""
+    """A plain-text table: one block per (op, shape, dtype), ours first; times over ours; the
+    memory ceiling (a stream copy of the same bytes on the same threads) and each one's GB/s as
+    a share of it."""
     header = (
-        f"{'op':<7} {'shape':>14} {'dtype':>8} {'implementation':<33} {'median ms':>10} "
-        f"{'GB/s':>7} {'ours x':>7}  note"
+        f"{'op':<7} {'shape':>10} {'dtype':>7} {'implementation':<32} {'median ms':>10} "
+        f"{'min ms':>9} {'GB/s':>6} {'ours x':>6} {'ceil GB/s':>9} {'of ceil':>7}  note"
     )
     lines = [header, "-" * len(header)]
     for block in _blocks(rows).values():
         if len(lines) > 2:
             lines.append("")
-        copy = block.get(COPY)
         for r in block.values():
-            note = r.note
-            if r.impl == OURS and copy is not None and r.available and copy.available:
-                share = f"{100 * r.gbps / copy.gbps:.0f}% of copy GB/s"
-                note = f"{share}; {note}" if note else share
             ratio = "" if r.impl == OURS else _fmt(r.ratio, ".2f")
+            share = _fmt(100 * r.of_ceiling, ".0f") + ("%" if r.available else "")
             lines.append(
-                f"{r.op:<7} {shape_text(r.shape):>14} {r.dtype:>8} {r.impl:<33} "
-                f"{_fmt_ms(r.median_ms):>10} {_fmt(r.gbps, '.1f'):>7} {ratio:>7}  {note}".rstrip()
+                f"{r.op:<7} {shape_text(r.shape):>10} {r.dtype:>7} {r.impl:<32} "
+                f"{_fmt_ms(r.median_ms):>10} {_fmt_ms(r.min_ms):>9} {_fmt(r.gbps, '.1f'):>6} "
+                f"{ratio:>6} {_fmt(r.ceiling_gbps, '.1f'):>9} {share:>7}  {r.note}".rstrip()
             )
     return "\n".join(lines)
 
 
-def check_targets(rows: Sequence[Row]) -> list[tuple[str, bool]]:
-    """Each op's targets, graded: (description, met) per op, shape, dtype and target that
-    applies there. An implementation whose answer was wrong misses every target it is in."""
+def check_goals(rows: Sequence[Row]) -> list[tuple[str, bool]]:
+    """Each op's goals, graded: (description, met) per op, shape, dtype and goal that applies
+    there. An implementation whose answer was wrong misses every goal it is in."""
     results = []
     for (op_name, shape, dtype), block in _blocks(rows).items():
         ours = block.get(OURS)
         if ours is None or not ours.available:
             continue
         name = f"{op_name} {shape_text(shape)} {dtype}"
-        for target in OPS[op_name].targets:
-            other = block.get(target.impl)
-            if other is None or not other.available:
+        for goal in OPS[op_name].goals:
+            if not goal.applies(shape):
                 continue
-            if not target.applies(shape, np.dtype(dtype).itemsize):
-                continue
-            value = ours.gbps / other.gbps if target.impl == COPY else other.ratio
-            # digits enough that a near miss does not print as the target itself
-            shown = f"{100 * value:.1f}%" if target.impl == COPY else f"{value:.3f}x"
-            right = ours.correct is not False and other.correct is not False
-            met = right and value >= target.at_least
-            results.append((f"{name}: {target.text()} ({shown})", met))
+            if goal.impl == CEILING:
+                value, right = ours.of_ceiling, ours.correct is not False
+                if math.isnan(value):
+                    continue
+                shown = f"{100 * value:.1f}%"  # digits enough that a near miss does not round up
+            else:
+                other = block.get(goal.impl)
+                if other is None or not other.available:
+                    continue
+                value, shown = other.ratio, f"{other.ratio:.3f}x"
+                right = ours.correct is not False and other.correct is not False
+            results.append((f"{name}: {goal.text()} ({shown})", right and value >= goal.at_least))
     return results

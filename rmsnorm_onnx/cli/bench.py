@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 from pathlib import Path
 from typing import Any
 
-from ..bench import ALL_IMPLS, COPY, OPS, OURS, shape_text  # the table: standard library only
+from ..bench import ALL_IMPLS, CEILING, DEFAULT_DTYPES, OPS, OURS, shape_text  # stdlib only
 from ..errors import UsageError
 from . import argtypes, console
 
@@ -21,8 +22,11 @@ examples:
   rmsnorm-onnx bench --op rmsnorm --impl decomposed --impl SimplifiedLayerNormalization
   rmsnorm-onnx bench --cuda --json bench_cuda.json --plot bench.png
 
-"ours x" is each implementation's time over ours (> 1: ours is faster). Every implementation's
-answer is checked against the float64 reference before it is timed.
+"ours x" is each implementation's time over ours (> 1: ours is faster). "ceil GB/s" is the
+memory ceiling: a plain streaming copy of the same tensors on the same threads, as STREAM
+measures it; "of ceil" is each one's GB/s (inputs read + outputs written + weight) over it.
+torch is timed in a process of its own, so its threads cannot slow what is timed after it.
+Every implementation's answer is checked against the float64 reference before it is timed.
 """
 
 
@@ -61,7 +65,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--dtypes",
         metavar="T,...",
-        default="float32,float16",
+        default=",".join(DEFAULT_DTYPES),
         help="float32 and/or float16, comma separated (default: %(default)s)",
     )
     where = p.add_mutually_exclusive_group()
@@ -97,14 +101,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=argtypes.positive_int,
         default=None,
         metavar="N",
-        help="onnxruntime intra-op threads (default: onnxruntime's choice)",
+        help="threads of onnxruntime, torch and the ceiling's copy (default: one per core)",
     )
     p.add_argument("--plot", metavar="FILE.png", help="draw GB/s against hidden size")
     p.add_argument("--json", metavar="FILE.json", help="write the rows and the machine as JSON")
     p.add_argument(
-        "--check-targets",
+        "--check-goals",
         action="store_true",
-        help="grade the results against the project's CPU targets (exit 1 if one is missed)",
+        help="grade the results against the project's CPU goals (exit 1 if one is missed)",
     )
     p.set_defaults(func=run)
     return p
@@ -144,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
             budget_s=args.budget,
             progress=starting,
         )
-    info = machine(args.provider)
+    info = machine(args.provider, rows[0].threads if rows else None)
     print(f"machine: {info['summary']}")
     print(bench.format_table(rows))
     if args.json:
@@ -153,9 +157,9 @@ def run(args: argparse.Namespace) -> int:
         plot(rows, args.plot, title=info["summary"])
         console.note(f"wrote {args.plot}")
     status = 0
-    if args.check_targets:
-        results = bench.check_targets(rows)
-        print("targets")
+    if args.check_goals:
+        results = bench.check_goals(rows)
+        print("goals")
         for text, met in results:
             print(f"  {'met   ' if met else 'MISSED'}  {text}")
         status = 0 if all(met for _, met in results) else 1
@@ -165,14 +169,16 @@ def run(args: argparse.Namespace) -> int:
     return 1 if wrong else status
 
 
-def machine(provider: str) -> dict[str, Any]:
-    """Where the numbers come from: CPU (or GPU), cores, onnxruntime version, date."""
+def machine(provider: str, threads: int | None = None) -> dict[str, Any]:
+    """Where the numbers come from: CPU (or GPU), cores, threads, versions, date, load."""
     import onnxruntime as ort
 
     cpu = _cpu_model()
     cores = os.cpu_count() or 0
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     device = f"{cpu}, {cores} cores" if provider == "cpu" else _gpu_name()
+    if threads:
+        device += f", {threads} threads"
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     summary = f"{device}; {platform.system()}; onnxruntime {ort.__version__}; {when}"
     if load is not None:  # other work on the machine shows in the numbers: say how much
@@ -180,6 +186,7 @@ def machine(provider: str) -> dict[str, Any]:
     return {
         "cpu": cpu,
         "cores": cores,
+        "threads": threads,
         "provider": provider,
         "device": device,
         "onnxruntime": ort.__version__,
@@ -231,7 +238,8 @@ def _write_json(path: str, rows: list[Any], info: dict[str, Any]) -> None:
 
 def plot(rows: list[Any], path: str, *, title: str = "") -> None:
     """Achieved GB/s by hidden size: one panel per op and dtype, shapes in order of hidden size
-    (then rows) along x, one bar per implementation; ours drawn first and outlined."""
+    (then rows) along x, one bar per implementation; ours drawn first and outlined, the memory
+    ceiling last, hatched."""
     try:
         import matplotlib
     except ImportError:
@@ -243,6 +251,11 @@ def plot(rows: list[Any], path: str, *, title: str = "") -> None:
 
     panels = list(dict.fromkeys((r.op, r.dtype) for r in rows))
     gbps = {(r.op, r.impl, r.shape, r.dtype): r.gbps for r in rows if r.available}
+    gbps |= {
+        (r.op, CEILING, r.shape, r.dtype): r.ceiling_gbps
+        for r in rows
+        if not math.isnan(r.ceiling_gbps)
+    }
     widest = max((len({r.impl for r in rows if r.op == op}) for op, _ in panels), default=3)
     n_shapes = max((len({r.shape for r in rows if r.op == op}) for op, _ in panels), default=1)
     fig, axes = plt.subplots(
@@ -253,6 +266,8 @@ def plot(rows: list[Any], path: str, *, title: str = "") -> None:
     )
     for ax, (op, dtype) in zip(axes[:, 0], panels, strict=True):
         impls = list(dict.fromkeys(r.impl for r in rows if r.op == op))
+        if any(key[:2] == (op, CEILING) for key in gbps):
+            impls.append(CEILING)
         shapes = sorted({r.shape for r in rows if r.op == op}, key=lambda s: (s[-1], _rows_of(s)))
         width = 0.8 / max(len(impls), 1)
         for k, impl in enumerate(impls):
@@ -264,10 +279,10 @@ def plot(rows: list[Any], path: str, *, title: str = "") -> None:
                 ys,
                 width,
                 label=impl,
-                color="lightgray" if impl == COPY else None,
+                color="lightgray" if impl == CEILING else None,
                 edgecolor="black" if ours else "none",
                 linewidth=1.2 if ours else 0,
-                hatch="//" if impl == COPY else None,
+                hatch="//" if impl == CEILING else None,
             )
         ax.set_xticks(range(len(shapes)))
         ax.set_xticklabels([f"hidden {s[-1]}\n{_rows_of(s)} rows" for s in shapes], fontsize=8)
@@ -286,7 +301,4 @@ def plot(rows: list[Any], path: str, *, title: str = "") -> None:
 
 
 def _rows_of(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape[:-1]:
-        n *= d
-    return n
+    return math.prod(shape[:-1])

@@ -2,17 +2,21 @@
 
 Exit codes: 0 success; 1 a runtime failure (a bad model file, an ORT error, results that do not
 agree); 2 a usage error (argparse's own errors and :class:`~rmsnorm_onnx.errors.UsageError`);
-130 interrupted. Errors are one line, ``rmsnorm-onnx: error: ...``; ``-v`` adds the traceback.
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM), after removing what was half written.
+Errors are one line, ``rmsnorm-onnx: error: ...``; ``-v`` adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from .. import __version__
 from . import console
@@ -83,6 +87,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that what it was writing is removed on the way
+    out as for Ctrl-C (temporary files and folders are removed in ``finally`` blocks)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
     parser = build_parser()
@@ -91,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version (0) and usage errors (2)
         return int(e.code) if isinstance(e.code, int) else (0 if e.code is None else 2)
     console.configure(verbose=args.verbose, quiet=args.quiet)
-    return _dispatch(args)
+    with _sigterm_unwinds():
+        return _dispatch(args)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -107,6 +133,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\n{console.PROG}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"{console.PROG}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except BrokenPipeError:
         # The reader went away (``| head``): stop quietly, and keep Python's shutdown from
         # complaining while flushing stdout.

@@ -1,4 +1,5 @@
-"""Running an onnxruntime session on NumPy arrays, bfloat16 included, and timing it.
+"""Running an onnxruntime session on NumPy arrays, bfloat16 included, and timing it (with the
+benchmark's timer, ``bench.timing``).
 
 onnxruntime's Python binding cannot convert ml_dtypes' bfloat16 arrays, so bfloat16 inputs go in
 as OrtValues over their uint16 bits and bfloat16 outputs are copied out of their OrtValues.
@@ -7,31 +8,17 @@ as OrtValues over their uint16 bits and bfloat16 outputs are copied out of their
 from __future__ import annotations
 
 import ctypes
-import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import onnx
 
+from ..bench.timing import CallFailed, Timing, round_robin
 from ..errors import RMSNormOnnxError
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Wall-clock time of ``session.run`` in milliseconds."""
-
-    median_ms: float
-    min_ms: float
-    runs: int
-
-    def __str__(self) -> str:
-        return f"median {self.median_ms:.3f} ms, min {self.min_ms:.3f} ms over {self.runs} runs"
 
 
 def runner(session: Any, feeds: Mapping[str, np.ndarray]) -> Callable[[], dict[str, np.ndarray]]:
@@ -57,18 +44,15 @@ def runner(session: Any, feeds: Mapping[str, np.ndarray]) -> Callable[[], dict[s
 def time_calls(
     calls: Sequence[Callable[[], object]], *, repeat: int = 10, warmup: int = 1
 ) -> list[Timing]:
-    """Time several calls round-robin, so that they see the same machine state (clock speed,
-    neighbours' load) and their ratios mean something; one Timing per call."""
-    for _ in range(warmup):
-        for call in calls:
-            call()
-    times: list[list[float]] = [[] for _ in calls]
-    for _ in range(max(repeat, 1)):
-        for call, samples in zip(calls, times, strict=True):
-            start = time.perf_counter()
-            call()
-            samples.append((time.perf_counter() - start) * 1e3)
-    return [Timing(statistics.median(t), min(t), len(t)) for t in times]
+    """Time several calls round-robin (``repeat`` runs each, after ``warmup`` untimed rounds), so
+    that they see the same machine state (clock speed, neighbours' load) and their ratios mean
+    something; one Timing per call."""
+    named = {str(k): call for k, call in enumerate(calls)}
+    try:
+        times = round_robin(named, repeat=repeat, warmup=warmup, min_rounds=repeat)
+    except CallFailed as failed:
+        raise failed.error from None
+    return [Timing.of(times[k]) for k in named]
 
 
 def checked(call: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

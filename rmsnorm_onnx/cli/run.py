@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+from pathlib import Path
 from typing import Any
 
 from ..errors import RMSNormOnnxError, UsageError
@@ -206,10 +207,11 @@ def run(args: argparse.Namespace) -> int:
 def _load(path: str) -> Any:
     from .. import op_schema
     from ..errors import InvalidModelError
-    from ..onnx_io import load_model
+    from ..onnx_io import check_external_data, load_model
 
     # Weights are not needed to describe inputs; ORT reads the file (and external data) itself.
     model = load_model(path, load_external_data=False)
+    check_external_data(model, Path(path).parent, path)  # ORT reads "a\0b" as "a", for one
     problems = op_schema.attribute_problems(model)
     if problems:  # ORT would run such a node with the attribute ignored
         raise InvalidModelError(f"{path}: {problems[0]}")

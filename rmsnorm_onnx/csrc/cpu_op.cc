@@ -18,7 +18,7 @@ namespace {
 struct State {
   Attributes attrs;
   OpKind kind = OpKind::kRMSNorm;
-  Elem x_elem = Elem::kFloat32;
+  DType x_dtype = DType::kFloat32;
   std::string label;
   RowsFn rows_fn = nullptr;
   ToFloatFn to_float = nullptr;
@@ -29,8 +29,6 @@ struct State {
   int64_t stream_min_bytes = 0;
   int64_t stream_min_row_bytes = 0;
 };
-
-int64_t ElemSize(Elem e) { return e == Elem::kFloat32 ? 4 : 2; }
 
 // Outputs at least this large are written with non-temporal stores: they cannot stay in the
 // cores' private caches anyway, and streaming saves reading every output line before writing
@@ -113,15 +111,15 @@ void CacheConstants(const Ort::ConstKernelInfo& info, State& s) {
     if (!is_constant || value == nullptr || !value.IsTensor()) continue;
     auto type_info = value.GetTensorTypeAndShapeInfo();
     ParamView view;
-    if (!ToElem(type_info.GetElementType(), &view.elem)) continue;  // CheckInputTypes reports it
-    if (view.elem != s.x_elem && view.elem != Elem::kFloat32) continue;
+    if (!FromOnnx(type_info.GetElementType(), &view.dtype)) continue;  // CheckInputTypes says why
+    if (view.dtype != s.x_dtype && view.dtype != DType::kFloat32) continue;
     view.shape = type_info.GetShape();
     view.data = value.GetTensorRawData();
     view.present = true;
-    if (view.elem != Elem::kFloat32) {
+    if (view.dtype != DType::kFloat32) {
       const auto n = static_cast<int64_t>(type_info.GetElementCount());
       s.constant_values[k].resize(static_cast<size_t>(n));
-      s.to_float(static_cast<int>(view.elem), view.data, n, s.constant_values[k].data());
+      s.to_float(view.dtype, view.data, n, s.constant_values[k].data());
     }
     s.constant[k] = view;
   }
@@ -146,12 +144,6 @@ void RunTask(void* data, size_t task) {
   if (begin < end) job.fn(*job.args, begin, end);
 }
 
-int64_t Count(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // The float32 value of a scale/bias for every col: the tensor itself when it already is that
 // (and is aligned to float: a caller's buffer need not be), else converted (or taken from the
 // constant cache) and expanded into the buffers.
@@ -159,11 +151,11 @@ const float* ParamFloats(const State& s, size_t index, const ParamView& p,
                          const std::vector<int64_t>& norm, int64_t cols,
                          std::vector<float>& values_buf, std::vector<float>& expanded_buf) {
   if (!p.present) return nullptr;
-  const int64_t count = Count(p.shape);
+  const int64_t count = ElementCount(p.shape);
   const float* values = nullptr;
-  if (p.elem == Elem::kFloat32 && reinterpret_cast<uintptr_t>(p.data) % alignof(float) == 0) {
+  if (p.dtype == DType::kFloat32 && reinterpret_cast<uintptr_t>(p.data) % alignof(float) == 0) {
     values = static_cast<const float*>(p.data);
-  } else if (p.elem == Elem::kFloat32) {
+  } else if (p.dtype == DType::kFloat32) {
     values_buf.resize(static_cast<size_t>(count));
     std::memcpy(values_buf.data(), p.data, static_cast<size_t>(count) * sizeof(float));
     values = values_buf.data();
@@ -171,7 +163,7 @@ const float* ParamFloats(const State& s, size_t index, const ParamView& p,
     values = s.constant_values[index].data();
   } else {
     values_buf.resize(static_cast<size_t>(count));
-    s.to_float(static_cast<int>(p.elem), p.data, count, values_buf.data());
+    s.to_float(p.dtype, p.data, count, values_buf.data());
     values = values_buf.data();
   }
   if (p.simple && p.inner == 1 && p.period == cols) return values;
@@ -182,7 +174,7 @@ const float* ParamFloats(const State& s, size_t index, const ParamView& p,
 
 }  // namespace
 
-OrtStatus* CpuKernel::Create(const OrtKernelInfo* info, OpKind kind, Elem x_elem,
+OrtStatus* CpuKernel::Create(const OrtKernelInfo* info, OpKind kind, DType x_dtype,
                              void** out) noexcept {
   *out = nullptr;
   return Guard([&] {
@@ -190,9 +182,9 @@ OrtStatus* CpuKernel::Create(const OrtKernelInfo* info, OpKind kind, Elem x_elem
     auto state = std::make_unique<State>();
     state->label = NodeLabel(kind, ki.GetNodeName());
     state->attrs = ReadAttributes(ki, state->label);
-    CheckInputTypes(ki, kind, x_elem, state->label);
+    CheckInputTypes(ki, kind, x_dtype, state->label);
     state->kind = kind;
-    state->x_elem = x_elem;
+    state->x_dtype = x_dtype;
     ChooseRows(*state);
     state->stream_min_bytes = StreamMinBytes();
     // an explicit RMSNORM_ONNX_STREAM_MIN_BYTES is obeyed for every row size (tests use it)
@@ -207,12 +199,12 @@ OrtStatus* CpuKernel::Compute(void* kernel, OrtKernelContext* context) noexcept 
   return Guard([&] {
     const State& s = *static_cast<const State*>(kernel);
     Ort::KernelContext ctx{context};
-    const Problem p = PrepareProblem(ctx, s.kind, s.attrs, s.x_elem, s.label, s.constant);
+    const Problem p = PrepareProblem(ctx, s.kind, s.attrs, s.x_dtype, s.label, s.constant);
     if (p.rows == 0 || p.cols == 0) return;
     const std::vector<int64_t> norm(p.x_shape.begin() + p.axis, p.x_shape.end());
     std::vector<float> buffers[4];
     RowArgs args;
-    args.elem = static_cast<int>(p.x_elem);
+    args.dtype = p.x_dtype;
     args.x = p.x;
     args.y = p.y;
     args.scale = ParamFloats(s, 0, p.scale, norm, p.cols, buffers[0], buffers[1]);
@@ -223,8 +215,8 @@ OrtStatus* CpuKernel::Compute(void* kernel, OrtKernelContext* context) noexcept 
     args.cols = p.cols;
     args.epsilon = s.attrs.epsilon;
     args.eps_outside = s.attrs.eps_outside;
-    args.stream = p.rows * p.cols * ElemSize(p.x_elem) >= s.stream_min_bytes &&
-                  p.cols * ElemSize(p.x_elem) >= s.stream_min_row_bytes;
+    args.stream = p.rows * p.cols * ElementBytes(p.x_dtype) >= s.stream_min_bytes &&
+                  p.cols * ElementBytes(p.x_dtype) >= s.stream_min_row_bytes;
 
     const int64_t total = p.rows * p.cols;
     // (SkipRMSNorm moves twice the bytes per element, but measured at 4x4096 and 8x4096 it gains

@@ -6,7 +6,7 @@
 namespace rmsnorm_onnx {
 
 struct CpuKernel {
-  static OrtStatus* Create(const OrtKernelInfo* info, OpKind kind, Elem x_elem,
+  static OrtStatus* Create(const OrtKernelInfo* info, OpKind kind, DType x_dtype,
                             void** out) noexcept;
   static OrtStatus* Compute(void* kernel, OrtKernelContext* ctx) noexcept;
   static void Destroy(void* kernel) noexcept;

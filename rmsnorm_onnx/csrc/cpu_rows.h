@@ -6,7 +6,9 @@
 //
 // Two builds of the same algorithm: a portable one (written so compilers vectorize it at the
 // baseline ISA) and, on x86-64, an AVX2+FMA+F16C one picked at run time. Keep this header free of
-// inline functions: it is included by translation units compiled for different ISAs.
+// inline functions: it is included by translation units compiled for different ISAs, and an inline
+// function both use could be linked as the AVX2 build of it. (cpu_rows_avx2.cc uses only dtype.h's
+// DType and VisitDType, whose instantiations there are its own.)
 //
 // Pointers may have any address (caller buffers bound through IOBinding need not be aligned, not
 // even to their element size): the kernels load and store through memcpy or unaligned intrinsics,
@@ -17,10 +19,12 @@
 #include <cstdint>
 #include <memory>
 
+#include "dtype.h"
+
 namespace rmsnorm_onnx {
 
 struct RowArgs {
-  int elem = 0;                    // Elem: 0 float32, 1 float16, 2 bfloat16 (X, skip, Y, S)
+  DType dtype = DType::kFloat32;   // X, skip, Y, S
   const void* x = nullptr;         // [rows, cols]
   void* y = nullptr;               // [rows, cols]
   const float* scale = nullptr;    // [cols] or nullptr
@@ -35,21 +39,21 @@ struct RowArgs {
 };
 
 using RowsFn = void (*)(const RowArgs& args, int64_t row_begin, int64_t row_end);
-// Converts n values of element type `elem` (as in RowArgs) to float32.
-using ToFloatFn = void (*)(int elem, const void* src, int64_t n, float* dst);
+// Converts n values of type `dtype` to float32.
+using ToFloatFn = void (*)(DType dtype, const void* src, int64_t n, float* dst);
 
 namespace rows_portable {
 void NormalizeRows(const RowArgs& args, int64_t row_begin, int64_t row_end);
-void ToFloat(int elem, const void* src, int64_t n, float* dst);
+void ToFloat(DType dtype, const void* src, int64_t n, float* dst);
 }  // namespace rows_portable
 namespace rows_avx2 {
 void NormalizeRows(const RowArgs& args, int64_t row_begin, int64_t row_end);
-void ToFloat(int elem, const void* src, int64_t n, float* dst);
+void ToFloat(DType dtype, const void* src, int64_t n, float* dst);
 }  // namespace rows_avx2
 
 // Shared by both kernels (compiled for the baseline ISA, in cpu_rows_portable.cc).
 namespace rows_common {
-// The factor a row of n values (element type `elem`, at `row`) is multiplied by, from its sum of
+// The factor a row of n values (of type args.dtype, at `row`) is multiplied by, from its sum of
 // squares `ss` as the kernel accumulated it (float32 lanes). A sum that overflowed float32 (inf)
 // in a row that holds no Inf/NaN is recomputed in float64, which cannot overflow; ordinary rows
 // pay one comparison.

@@ -1,5 +1,5 @@
 // AVX2 + FMA + F16C row kernels (compiled with -mavx2 -mfma -mf16c; run only where the CPU has
-// them, see SelectRows). Everything here is in an anonymous namespace except NormalizeRows, so no
+// them, see ChooseRows in cpu_op.cc). Everything here is in an anonymous namespace except NormalizeRows, so no
 // AVX2 code can stand in for a baseline function at link time.
 #include <immintrin.h>
 
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 
 #include "cpu_rows.h"
 
@@ -313,17 +314,19 @@ void RowsFor(const RowArgs& a, int64_t begin, int64_t end) {
 
 }  // namespace
 
+// The vector form of each element type.
+template <DType D>
+using Vec = std::conditional_t<D == DType::kFloat16, F16,
+                               std::conditional_t<D == DType::kBFloat16, BF16, F32>>;
+
 void NormalizeRows(const RowArgs& args, int64_t row_begin, int64_t row_end) {
-  switch (args.elem) {
-    case 1: return RowsFor<F16>(args, row_begin, row_end);
-    case 2: return RowsFor<BF16>(args, row_begin, row_end);
-    default: return RowsFor<F32>(args, row_begin, row_end);
-  }
+  VisitDType(args.dtype,
+             [&](auto d) { RowsFor<Vec<decltype(d)::value>>(args, row_begin, row_end); });
 }
 
-void ToFloat(int elem, const void* src, int64_t n, float* dst) {
-  auto convert = [&](auto e) {
-    using E = decltype(e);
+void ToFloat(DType dtype, const void* src, int64_t n, float* dst) {
+  VisitDType(dtype, [&](auto d) {
+    using E = Vec<decltype(d)::value>;
     const auto* p = static_cast<const typename E::T*>(src);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, Load<E>(p + i));
@@ -332,12 +335,7 @@ void ToFloat(int elem, const void* src, int64_t n, float* dst) {
       _mm256_storeu_ps(buf, LoadTail<E>(p + i, n - i));
       std::memcpy(dst + i, buf, static_cast<size_t>(n - i) * sizeof(float));
     }
-  };
-  switch (elem) {
-    case 1: return convert(F16{});
-    case 2: return convert(BF16{});
-    default: return convert(F32{});
-  }
+  });
 }
 
 }  // namespace rmsnorm_onnx::rows_avx2

@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "cpu_rows.h"
-#include "op_common.h"
+#include "dtype.h"
 
 namespace rmsnorm_onnx {
 namespace rows_portable {
@@ -15,7 +15,7 @@ namespace {
 constexpr int64_t kLanes = 16;
 constexpr int64_t kBlock = 4096;  // float lane sums are folded into a double every block
 
-// E: element type T of X/Y; Get/Put read and write one T at any address; ToF/FromF convert.
+// Get/Put read and write one element at any address.
 template <typename T>
 T Get(const T* p) {
   T v;
@@ -27,20 +27,12 @@ void Put(T* p, T v) {
   std::memcpy(p, &v, sizeof v);
 }
 
-struct F32 {
-  using T = float;
-  static float ToF(T v) { return v; }
-  static T FromF(float v) { return v; }
-};
-struct F16 {
-  using T = uint16_t;
-  static float ToF(T v) { return HalfToFloat(v); }
-  static T FromF(float v) { return FloatToHalf(v); }
-};
-struct BF16 {
-  using T = uint16_t;
-  static float ToF(T v) { return BFloat16ToFloat(v); }
-  static T FromF(float v) { return FloatToBFloat16(v); }
+// E: an element type's Scalar (dtype.h): its storage type and conversions, under short names.
+template <DType D>
+struct Elem {
+  using T = typename Scalar<D>::Bits;
+  static float ToF(T v) { return Scalar<D>::ToFloat(v); }
+  static T FromF(float v) { return Scalar<D>::FromFloat(v); }
 };
 
 template <typename E>
@@ -159,24 +151,15 @@ double WideSumSquares(const void* row, int64_t n) {
 }  // namespace
 
 void NormalizeRows(const RowArgs& args, int64_t row_begin, int64_t row_end) {
-  switch (args.elem) {
-    case 1: return RowsFor<F16>(args, row_begin, row_end);
-    case 2: return RowsFor<BF16>(args, row_begin, row_end);
-    default: return RowsFor<F32>(args, row_begin, row_end);
-  }
+  VisitDType(args.dtype, [&](auto d) { RowsFor<Elem<decltype(d)::value>>(args, row_begin, row_end); });
 }
 
-void ToFloat(int elem, const void* src, int64_t n, float* dst) {
-  auto convert = [&](auto e) {
-    using E = decltype(e);
+void ToFloat(DType dtype, const void* src, int64_t n, float* dst) {
+  VisitDType(dtype, [&](auto d) {
+    using E = Elem<decltype(d)::value>;
     const auto* p = static_cast<const typename E::T*>(src);
     for (int64_t i = 0; i < n; ++i) dst[i] = Load<E>(p + i);
-  };
-  switch (elem) {
-    case 1: return convert(F16{});
-    case 2: return convert(BF16{});
-    default: return convert(F32{});
-  }
+  });
 }
 
 }  // namespace rows_portable
@@ -185,11 +168,9 @@ namespace rows_common {
 
 float RowFactor(const RowArgs& a, const void* row, double ss) {
   if (std::isinf(ss)) {  // float32 lanes overflowed (or the row holds an Inf: stays inf)
-    switch (a.elem) {
-      case 1: ss = rows_portable::WideSumSquares<rows_portable::F16>(row, a.cols); break;
-      case 2: ss = rows_portable::WideSumSquares<rows_portable::BF16>(row, a.cols); break;
-      default: ss = rows_portable::WideSumSquares<rows_portable::F32>(row, a.cols); break;
-    }
+    ss = VisitDType(a.dtype, [&](auto d) {
+      return rows_portable::WideSumSquares<rows_portable::Elem<decltype(d)::value>>(row, a.cols);
+    });
   }
   const double ms = ss / static_cast<double>(a.cols);
   const double eps = a.epsilon;

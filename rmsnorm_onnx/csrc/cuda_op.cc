@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "cuda/launch.h"
+#include "cuda/launch_params.h"
 
 namespace rmsnorm_onnx {
 namespace {
@@ -12,18 +12,9 @@ namespace {
 struct State {
   Attributes attrs;
   OpKind kind;
-  Elem x_elem;
+  DType x_dtype;
   std::string label;
 };
-
-cuda::DType ToDType(Elem e) {
-  switch (e) {
-    case Elem::kFloat16: return cuda::DType::kFloat16;
-    case Elem::kBFloat16: return cuda::DType::kBFloat16;
-    case Elem::kFloat32:
-    default: return cuda::DType::kFloat32;
-  }
-}
 
 // scale/bias on the device are read in place, so only (inner, period) broadcasts are possible.
 void CheckSimple(const ParamView& p, const char* name, const Problem& prob,
@@ -39,7 +30,7 @@ void CheckSimple(const ParamView& p, const char* name, const Problem& prob,
 
 }  // namespace
 
-OrtStatus* CudaKernel::Create(const OrtKernelInfo* info, OpKind kind, Elem x_elem,
+OrtStatus* CudaKernel::Create(const OrtKernelInfo* info, OpKind kind, DType x_dtype,
                               void** out) noexcept {
   *out = nullptr;
   return Guard([&] {
@@ -47,9 +38,9 @@ OrtStatus* CudaKernel::Create(const OrtKernelInfo* info, OpKind kind, Elem x_ele
     auto state = std::make_unique<State>();
     state->label = NodeLabel(kind, ki.GetNodeName()) + " (CUDA)";
     state->attrs = ReadAttributes(ki, state->label);
-    CheckInputTypes(ki, kind, x_elem, state->label);
+    CheckInputTypes(ki, kind, x_dtype, state->label);
     state->kind = kind;
-    state->x_elem = x_elem;
+    state->x_dtype = x_dtype;
     *out = state.release();
   });
 }
@@ -58,7 +49,7 @@ OrtStatus* CudaKernel::Compute(void* kernel, OrtKernelContext* context) noexcept
   return Guard([&] {
     const State& s = *static_cast<const State*>(kernel);
     Ort::KernelContext ctx{context};
-    const Problem p = PrepareProblem(ctx, s.kind, s.attrs, s.x_elem, s.label);
+    const Problem p = PrepareProblem(ctx, s.kind, s.attrs, s.x_dtype, s.label);
     CheckSimple(p.scale, "scale", p, s.label);
     CheckSimple(p.bias, "bias", p, s.label);
     if (p.rows == 0 || p.cols == 0) return;
@@ -69,16 +60,16 @@ OrtStatus* CudaKernel::Compute(void* kernel, OrtKernelContext* context) noexcept
     cuda::Params params;
     params.x = p.x;
     params.y = p.y;
-    params.x_type = ToDType(p.x_elem);
+    params.x_type = p.x_dtype;
     if (p.scale.present) {
       params.scale = p.scale.data;
-      params.scale_type = ToDType(p.scale.elem);
+      params.scale_type = p.scale.dtype;
       params.scale_inner = p.scale.inner;
       params.scale_period = p.scale.period;
     }
     if (p.bias.present) {
       params.bias = p.bias.data;
-      params.bias_type = ToDType(p.bias.elem);
+      params.bias_type = p.bias.dtype;
       params.bias_inner = p.bias.inner;
       params.bias_period = p.bias.period;
     }

@@ -1,5 +1,7 @@
 #include "op_common.h"
 
+#include "buffer_overlap.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -7,39 +9,10 @@
 
 namespace rmsnorm_onnx {
 
-bool ToElem(ONNXTensorElementDataType type, Elem* out) {
-  switch (type) {
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
-      *out = Elem::kFloat32;
-      return true;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
-      *out = Elem::kFloat16;
-      return true;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16:
-      *out = Elem::kBFloat16;
-      return true;
-    default:
-      return false;
-  }
-}
-
-ONNXTensorElementDataType ToOnnx(Elem elem) {
-  switch (elem) {
-    case Elem::kFloat16:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-    case Elem::kBFloat16:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
-    case Elem::kFloat32:
-    default:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
-}
-
 std::string TypeName(ONNXTensorElementDataType type) {
+  DType ours;
+  if (FromOnnx(type, &ours)) return std::string("tensor(") + Info(ours).name + ")";
   switch (type) {
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "tensor(float)";
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "tensor(float16)";
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return "tensor(bfloat16)";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "tensor(double)";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: return "tensor(int8)";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: return "tensor(uint8)";
@@ -53,6 +26,12 @@ std::string TypeName(ONNXTensorElementDataType type) {
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING: return "tensor(string)";
     default: return "element type " + std::to_string(static_cast<int>(type));
   }
+}
+
+int64_t ElementCount(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -171,16 +150,16 @@ Attributes ReadAttributes(const Ort::ConstKernelInfo& info, const std::string& l
 namespace {
 
 // Checks what the graph knows of skip's type (at session creation) or its value's (at run time).
-void CheckSkipType(ONNXTensorElementDataType type, Elem x_elem, const std::string& label) {
-  if (type != ToOnnx(x_elem)) {
+void CheckSkipType(ONNXTensorElementDataType type, DType x_dtype, const std::string& label) {
+  if (type != OnnxType(x_dtype)) {
     Fail(label, "skip has type " + TypeName(type) + "; it must have X's type (" +
-                    TypeName(ToOnnx(x_elem)) + ")");
+                    TypeName(OnnxType(x_dtype)) + ")");
   }
 }
 
 }  // namespace
 
-void CheckInputTypes(const Ort::ConstKernelInfo& info, OpKind kind, Elem x_elem,
+void CheckInputTypes(const Ort::ConstKernelInfo& info, OpKind kind, DType x_dtype,
                      const std::string& label) {
   static const char* const kNames[2][4] = {{"X", "scale", "bias", ""},
                                            {"X", "skip", "scale", "bias"}};
@@ -195,7 +174,7 @@ void CheckInputTypes(const Ort::ConstKernelInfo& info, OpKind kind, Elem x_elem,
   if (kind == OpKind::kSkip && (count < 2 || info.GetInputName(1).empty())) {
     Fail(label, "input 'skip' (input 1) is missing; SkipRMSNorm needs X and skip");
   }
-  const auto x_type = ToOnnx(x_elem);
+  const auto x_type = OnnxType(x_dtype);
   for (size_t i = 1; i < count; ++i) {
     if (info.GetInputName(i).empty()) continue;  // optional input left out
     Ort::TypeInfo type_info{nullptr};
@@ -210,7 +189,7 @@ void CheckInputTypes(const Ort::ConstKernelInfo& info, OpKind kind, Elem x_elem,
     const auto type = type_info.GetTensorTypeAndShapeInfo().GetElementType();
     if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED) continue;
     if (i < first_param) {
-      CheckSkipType(type, x_elem, label);
+      CheckSkipType(type, x_dtype, label);
     } else if (type != x_type && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
       Fail(label, std::string(names[i]) + " has type " + TypeName(type) + "; " +
                       ParamTypeRule(x_type));
@@ -248,7 +227,7 @@ void Layout(ParamView& view, const std::vector<int64_t>& norm) {
 }
 
 ParamView ReadParam(Ort::KernelContext& ctx, size_t input_count, size_t index, const char* name,
-                    Elem x_elem, const ParamView* constant, const std::vector<int64_t>& norm,
+                    DType x_dtype, const ParamView* constant, const std::vector<int64_t>& norm,
                     const Problem& p, const std::string& label, int64_t axis_attr) {
   ParamView view;
   if (constant != nullptr && constant->present) {
@@ -260,9 +239,10 @@ ParamView ReadParam(Ort::KernelContext& ctx, size_t input_count, size_t index, c
     if (!value.IsTensor()) Fail(label, std::string(name) + " must be a tensor");
     auto info = value.GetTensorTypeAndShapeInfo();
     const auto type = info.GetElementType();
-    if (!ToElem(type, &view.elem) || (view.elem != x_elem && view.elem != Elem::kFloat32)) {
+    if (!FromOnnx(type, &view.dtype) ||
+        (view.dtype != x_dtype && view.dtype != DType::kFloat32)) {
       Fail(label, std::string(name) + " has type " + TypeName(type) + "; " +
-                      ParamTypeRule(ToOnnx(x_elem)));
+                      ParamTypeRule(OnnxType(x_dtype)));
     }
     view.shape = info.GetShape();
     view.data = value.GetTensorRawData();
@@ -312,7 +292,7 @@ void ReadSkip(Ort::KernelContext& ctx, Problem& p, const std::string& label, int
   if (skip == nullptr) Fail(label, "input 'skip' (input 1) is missing");
   if (!skip.IsTensor()) Fail(label, "input 'skip' must be a tensor");
   auto info = skip.GetTensorTypeAndShapeInfo();
-  CheckSkipType(info.GetElementType(), p.x_elem, label);
+  CheckSkipType(info.GetElementType(), p.x_dtype, label);
   const std::vector<int64_t> shape = info.GetShape();
   if (!SkipFits(p.x_shape, shape, p.axis)) {
     Fail(label, "skip of shape " + ShapeString(shape) + " does not fit X of shape " +
@@ -325,19 +305,42 @@ void ReadSkip(Ort::KernelContext& ctx, Problem& p, const std::string& label, int
   p.skip_rows = p.cols > 0 ? count / p.cols : 0;
 }
 
+// Outputs bound (through IOBinding) over inputs or each other: see buffer_overlap.h.
+void CheckOverlaps(const Problem& p, const std::string& label) {
+  const int64_t es = ElementBytes(p.x_dtype);
+  const int64_t row_bytes = p.rows * p.cols * es;
+  auto param = [&](const char* name, const ParamView& v) {
+    return BufferSpan{name, v.present ? v.data : nullptr,
+                      v.present ? ElementCount(v.shape) * ElementBytes(v.dtype) : 0, false, false};
+  };
+  const BufferSpan spans[] = {
+      {"X", p.x, row_bytes, false, true},
+      {"skip", p.skip, p.skip_rows * p.cols * es, false, p.skip_rows == p.rows},
+      param("scale", p.scale),
+      param("bias", p.bias),
+      {"Y", p.y, row_bytes, true, true},
+      {"S", p.sum, row_bytes, true, true},
+  };
+  if (const ForbiddenOverlap f = FindForbiddenOverlap(spans)) {
+    Fail(label, std::string("output ") + f.output->name + " shares memory with " +
+                    (f.other->output ? "output " : "input ") + f.other->name + ": " +
+                    OverlapRule(f));
+  }
+}
+
 }  // namespace
 
-Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& attrs, Elem x_elem,
+Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& attrs, DType x_dtype,
                        const std::string& label, const ParamView* constants) {
   Problem p;
-  p.x_elem = x_elem;
+  p.x_dtype = x_dtype;
   Ort::ConstValue x = ctx.GetInput(0);
   if (x == nullptr || !x.IsTensor()) Fail(label, "input X is missing or not a tensor");
   auto x_info = x.GetTensorTypeAndShapeInfo();
   const auto x_type = x_info.GetElementType();
-  Elem seen;
-  if (!ToElem(x_type, &seen) || seen != x_elem) {
-    Fail(label, "X has type " + TypeName(x_type) + "; expected " + TypeName(ToOnnx(x_elem)));
+  DType seen;
+  if (!FromOnnx(x_type, &seen) || seen != x_dtype) {
+    Fail(label, "X has type " + TypeName(x_type) + "; expected " + TypeName(OnnxType(x_dtype)));
   }
   p.x_shape = x_info.GetShape();
   const auto rank = static_cast<int64_t>(p.x_shape.size());
@@ -355,9 +358,9 @@ Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& a
   const std::vector<int64_t> norm(p.x_shape.begin() + p.axis, p.x_shape.end());
   const size_t count = ctx.GetInputCount();
   const size_t first = FirstParamInput(kind);
-  p.scale = ReadParam(ctx, count, first, "scale", x_elem, constants ? &constants[0] : nullptr,
+  p.scale = ReadParam(ctx, count, first, "scale", x_dtype, constants ? &constants[0] : nullptr,
                       norm, p, label, attrs.axis);
-  p.bias = ReadParam(ctx, count, first + 1, "bias", x_elem, constants ? &constants[1] : nullptr,
+  p.bias = ReadParam(ctx, count, first + 1, "bias", x_dtype, constants ? &constants[1] : nullptr,
                      norm, p, label, attrs.axis);
   Ort::UnownedValue y = ctx.GetOutput(0, p.x_shape);
   p.x = x.GetTensorRawData();
@@ -367,6 +370,7 @@ Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& a
     Ort::UnownedValue sum = ctx.GetOutput(1, p.x_shape);
     if (sum != nullptr) p.sum = sum.GetTensorMutableRawData();
   }
+  CheckOverlaps(p, label);
   return p;
 }
 
@@ -400,54 +404,6 @@ void ExpandToFloat(const float* values, const ParamView& param, const std::vecto
       index[j] = 0;
     }
   }
-}
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;  // mant * 2^-24
-    std::memcpy(&bits, &v, sizeof bits);
-    bits |= sign;
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof x);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  x &= 0x7fffffffu;
-  if (x >= 0x7f800000u) {  // inf or NaN (kept quiet)
-    return sign | 0x7c00u | (x > 0x7f800000u ? 0x200u | ((x >> 13) & 0x3ffu) : 0u);
-  }
-  if (x >= 0x477ff000u) return sign | 0x7c00u;  // rounds to infinity
-  if (x < 0x38800000u) {  // below 2^-14: subnormal or zero; adding 0.5 aligns the ulp to 2^-24
-    float a;
-    std::memcpy(&a, &x, sizeof a);
-    a += 0.5f;
-    uint32_t ab;
-    std::memcpy(&ab, &a, sizeof ab);
-    return sign | static_cast<uint16_t>(ab - 0x3f000000u);
-  }
-  const uint32_t odd = (x >> 13) & 1u;
-  x += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + odd;  // rebias, round to nearest even
-  return sign | static_cast<uint16_t>(x >> 13);
-}
-
-uint16_t FloatToBFloat16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof x);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
-  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
 }  // namespace rmsnorm_onnx

@@ -9,6 +9,8 @@
 
 #include <onnxruntime_cxx_api.h>
 
+#include "dtype.h"
+
 namespace rmsnorm_onnx {
 
 // Must match rmsnorm_onnx/op_schema.py (DOMAIN, OP_TYPE, VERSION); a Python test checks it.
@@ -23,13 +25,16 @@ const char* OpTypeName(OpKind kind);
 // Index of the first of scale, bias among the op's inputs.
 inline size_t FirstParamInput(OpKind kind) { return kind == OpKind::kSkip ? 2 : 1; }
 
-enum class Elem : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-
-// The element types X may have; scale and bias have X's type or float32.
-bool ToElem(ONNXTensorElementDataType type, Elem* out);
-ONNXTensorElementDataType ToOnnx(Elem elem);
+// The element types X may have (dtype.h); scale and bias have X's type or float32.
+inline bool FromOnnx(ONNXTensorElementDataType type, DType* out) {
+  return DTypeFromOnnx(static_cast<int>(type), out);
+}
+inline ONNXTensorElementDataType OnnxType(DType t) {
+  return static_cast<ONNXTensorElementDataType>(Info(t).onnx_type);
+}
 std::string TypeName(ONNXTensorElementDataType type);
 std::string ShapeString(const std::vector<int64_t>& shape);
+int64_t ElementCount(const std::vector<int64_t>& shape);
 
 struct Attributes {
   float epsilon = 1e-6f;
@@ -49,7 +54,7 @@ std::string NodeLabel(OpKind kind, const std::string& node_name);
 // Reads epsilon, axis and eps_outside, and checks the element types of the inputs the graph
 // already knows (kernel creation = session creation). Throws OpError.
 Attributes ReadAttributes(const Ort::ConstKernelInfo& info, const std::string& label);
-void CheckInputTypes(const Ort::ConstKernelInfo& info, OpKind kind, Elem x_elem,
+void CheckInputTypes(const Ort::ConstKernelInfo& info, OpKind kind, DType x_dtype,
                      const std::string& label);
 
 // How a scale or bias maps onto the flattened normalized dims (cols): element index
@@ -57,7 +62,7 @@ void CheckInputTypes(const Ort::ConstKernelInfo& info, OpKind kind, Elem x_elem,
 // (e.g. [A, 1, C]); those are expanded with Expand().
 struct ParamView {
   bool present = false;
-  Elem elem = Elem::kFloat32;
+  DType dtype = DType::kFloat32;
   const void* data = nullptr;
   std::vector<int64_t> shape;
   bool simple = true;
@@ -69,7 +74,7 @@ struct ParamView {
 // SkipRMSNorm: skip is [skip_rows, cols] (row r of X adds row r % skip_rows), and `sum` is where
 // S goes (nullptr when the graph does not use S).
 struct Problem {
-  Elem x_elem = Elem::kFloat32;
+  DType x_dtype = DType::kFloat32;
   std::vector<int64_t> x_shape;
   int64_t axis = 0;  // normalized to [0, rank)
   int64_t rows = 0;
@@ -86,24 +91,13 @@ struct Problem {
 // Checks the inputs of one call (rank, axis, types, broadcastability) and allocates Y (and S).
 // `constants` (optional: [0] scale, [1] bias) holds scale/bias the session knows to be constant:
 // their type and data were read at session creation. Throws OpError naming the problem.
-Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& attrs, Elem x_elem,
+Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& attrs, DType x_dtype,
                        const std::string& label, const ParamView* constants = nullptr);
 
 // Writes, for every col (length cols), the float32 value of a parameter laid out as `param` whose
 // values (in the parameter's own shape) are `values`.
 void ExpandToFloat(const float* values, const ParamView& param,
                    const std::vector<int64_t>& normalized_shape, int64_t cols, float* out);
-
-// Scalar conversions (the row kernels have vectorized ones).
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-inline float BFloat16ToFloat(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  __builtin_memcpy(&f, &u, sizeof f);
-  return f;
-}
-uint16_t FloatToBFloat16(float f);
 
 // Runs `body`, turning OpError / Ort::Exception / std::exception into an OrtStatus.
 template <typename Body>

@@ -18,13 +18,13 @@
 
 namespace rmsnorm_onnx {
 
-// Kernel: static OrtStatus* Create(const OrtKernelInfo*, OpKind, Elem, void**);
+// Kernel: static OrtStatus* Create(const OrtKernelInfo*, OpKind, DType, void**);
 //         static OrtStatus* Compute(void*, OrtKernelContext*);
 //         static void Destroy(void*);
 template <typename Kernel>
 struct OpDef : OrtCustomOp {
-  OpDef(const char* provider, OpKind kind, Elem x_elem)
-      : OrtCustomOp{}, provider_(provider), kind_(kind), x_elem_(x_elem) {
+  OpDef(const char* provider, OpKind kind, DType x_dtype)
+      : OrtCustomOp{}, provider_(provider), kind_(kind), x_dtype_(x_dtype) {
     OrtCustomOp::version = ORT_API_VERSION;
     GetName = [](const OrtCustomOp* op) { return OpTypeName(Self(op)->kind_); };
     GetExecutionProviderType = [](const OrtCustomOp* op) { return Self(op)->provider_; };
@@ -32,7 +32,7 @@ struct OpDef : OrtCustomOp {
       return FirstParamInput(Self(op)->kind_) + 2;
     };
     GetInputType = [](const OrtCustomOp* op, size_t i) {
-      return i == 0 ? ToOnnx(Self(op)->x_elem_) : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+      return i == 0 ? OnnxType(Self(op)->x_dtype_) : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
     };
     GetInputCharacteristic = [](const OrtCustomOp*, size_t i) {
       return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
@@ -41,7 +41,7 @@ struct OpDef : OrtCustomOp {
     GetOutputTypeCount = [](const OrtCustomOp* op) -> size_t {
       return Self(op)->kind_ == OpKind::kSkip ? 2 : 1;  // Y, and S
     };
-    GetOutputType = [](const OrtCustomOp* op, size_t) { return ToOnnx(Self(op)->x_elem_); };
+    GetOutputType = [](const OrtCustomOp* op, size_t) { return OnnxType(Self(op)->x_dtype_); };
     GetOutputCharacteristic = [](const OrtCustomOp*, size_t i) {
       return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
     };
@@ -58,7 +58,7 @@ struct OpDef : OrtCustomOp {
     KernelCompute = [](void*, OrtKernelContext*) {};
     CreateKernelV2 = [](const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo* info,
                         void** kernel) -> OrtStatusPtr {
-      return Kernel::Create(info, Self(op)->kind_, Self(op)->x_elem_, kernel);
+      return Kernel::Create(info, Self(op)->kind_, Self(op)->x_dtype_, kernel);
     };
     KernelComputeV2 = [](void* kernel, OrtKernelContext* ctx) -> OrtStatusPtr {
       return Kernel::Compute(kernel, ctx);
@@ -70,7 +70,7 @@ struct OpDef : OrtCustomOp {
   static const OpDef* Self(const OrtCustomOp* op) { return static_cast<const OpDef*>(op); }
   const char* provider_;
   OpKind kind_;
-  Elem x_elem_;
+  DType x_dtype_;
 };
 
 }  // namespace rmsnorm_onnx

@@ -2,7 +2,9 @@
 // with a SessionOptions (SessionOptions.register_custom_ops_library). It adds the domain
 // "rmsnorm_onnx" with RMSNorm and SkipRMSNorm for the CPU EP and, when built with CUDA, for the
 // CUDA EP.
+#include <array>
 #include <mutex>
+#include <utility>
 
 #include "cpu_op.h"
 #include "cuda_op.h"
@@ -24,23 +26,22 @@ extern "C" __attribute__((used)) const char rmsnorm_onnx_build_info[] =
     "rmsnorm_onnx-build: cuda=" RMSNORM_ONNX_STR(RMSNORM_ONNX_WITH_CUDA) " ort_api=" RMSNORM_ONNX_STR(
         ORT_API_VERSION);
 
-const OpDef<CpuKernel> kCpuOps[] = {
-    {"CPUExecutionProvider", OpKind::kRMSNorm, Elem::kFloat32},
-    {"CPUExecutionProvider", OpKind::kRMSNorm, Elem::kFloat16},
-    {"CPUExecutionProvider", OpKind::kRMSNorm, Elem::kBFloat16},
-    {"CPUExecutionProvider", OpKind::kSkip, Elem::kFloat32},
-    {"CPUExecutionProvider", OpKind::kSkip, Elem::kFloat16},
-    {"CPUExecutionProvider", OpKind::kSkip, Elem::kBFloat16},
-};
+// One op per (op kind, X type): RMSNorm and SkipRMSNorm for every row of dtype.h's table.
+constexpr size_t kTypes = kDTypeCount;
+constexpr size_t kOpsPerProvider = 2 * kTypes;
+
+template <typename Kernel, size_t... I>
+std::array<OpDef<Kernel>, kOpsPerProvider> MakeOps(const char* provider,
+                                                   std::index_sequence<I...>) {
+  return {OpDef<Kernel>(provider, I < kTypes ? OpKind::kRMSNorm : OpKind::kSkip,
+                        kDTypes[I % kTypes].dtype)...};
+}
+
+const auto kCpuOps =
+    MakeOps<CpuKernel>("CPUExecutionProvider", std::make_index_sequence<kOpsPerProvider>{});
 #if RMSNORM_ONNX_WITH_CUDA
-const OpDef<CudaKernel> kCudaOps[] = {
-    {"CUDAExecutionProvider", OpKind::kRMSNorm, Elem::kFloat32},
-    {"CUDAExecutionProvider", OpKind::kRMSNorm, Elem::kFloat16},
-    {"CUDAExecutionProvider", OpKind::kRMSNorm, Elem::kBFloat16},
-    {"CUDAExecutionProvider", OpKind::kSkip, Elem::kFloat32},
-    {"CUDAExecutionProvider", OpKind::kSkip, Elem::kFloat16},
-    {"CUDAExecutionProvider", OpKind::kSkip, Elem::kBFloat16},
-};
+const auto kCudaOps =
+    MakeOps<CudaKernel>("CUDAExecutionProvider", std::make_index_sequence<kOpsPerProvider>{});
 #endif
 
 // One domain for the process, added to every SessionOptions that registers the library; it must

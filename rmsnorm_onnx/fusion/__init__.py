@@ -18,9 +18,9 @@ import onnx
 import onnx_ir as ir
 from onnx import defs
 
-from .. import onnx_io, op_schema
+from .. import onnx_io, op_functions, op_schema
 from ..errors import InvalidModelError, UsageError
-from . import external, inline, preserve, raising, targets, wellformed
+from . import external, functions, inline, opset, preserve, raising, targets, wellformed
 from .lower import lower
 from .report import FuseReport, Skip
 from .targets import TARGETS
@@ -42,9 +42,22 @@ def _read(model_or_path: onnx.ModelProto | str | os.PathLike[str]):
     return proto, path.parent
 
 
+def _default_import(imports, where: str) -> int | None:
+    """The default-domain opset, imported as "" or "ai.onnx" (one domain, two names)."""
+    versions = {o.version for o in imports if o.domain in ("", "ai.onnx")}
+    if len(versions) > 1:
+        raise InvalidModelError(
+            f"{where} imports the default domain twice, at opsets "
+            + " and ".join(str(v) for v in sorted(versions))
+            + ' (as "" and "ai.onnx")'
+        )
+    return versions.pop() if versions else None
+
+
 def _check_opset(proto: onnx.ModelProto) -> None:
-    versions = {o.domain: o.version for o in proto.opset_import}
-    default = versions.get("", versions.get("ai.onnx"))
+    default = _default_import(proto.opset_import, "the model")
+    for function in proto.functions:
+        _default_import(function.opset_import, f"function '{function.name}'")
     newest = defs.onnx_opset_version()
     if default is None:
         raise InvalidModelError("the model imports no default-domain (ai.onnx) opset")
@@ -66,12 +79,16 @@ def fuse(
     model_or_path: onnx.ModelProto | str | os.PathLike[str],
     target: str = "custom",
     verify: bool = False,
+    function_bodies: bool = True,
 ) -> tuple[onnx.ModelProto, FuseReport]:
     """Fuse every RMSNorm (decomposed, another tool's op, ours; the residual Add in front of it
     too) into ``target``'s form; returns the new model (input untouched) and a report.
 
     A path is read without its external data; the returned model refers to the same data files
     (relative to the input's folder). ``verify`` runs original and fused model in onnxruntime.
+    ``function_bodies``: where the result holds our ops, it carries their definition as
+    model-local functions (:mod:`rmsnorm_onnx.op_functions`), so that it also runs without our
+    library; bodies the input carried are always dropped first.
     """
     tgt = targets.get(target)
     proto, base_dir = _read(model_or_path)
@@ -81,17 +98,22 @@ def fuse(
     problems = op_schema.attribute_problems(proto)
     if problems:  # our own nodes, malformed: converting them would drop or keep the stray
         raise InvalidModelError(f"{where}: {problems[0]}")
+    proto, inlined = functions.inline_norm_functions(proto)  # each call site its own chain
     model = ir.serde.deserialize_model(_infer_shapes(proto))
+    opset.one_default_import(model)  # "ai.onnx" is the default domain too: one name from here
+    op_functions.remove(model)  # our ops' bodies: never raised; written afresh below if wanted
     if base_dir is not None:
         ir.external_data.set_base_dir(model.graph, base_dir)
     declared = preserve.snapshot(proto, model)  # inferred shapes stay internal (issue 11 §7)
-    report = FuseReport(target=tgt.name)
+    report = FuseReport(target=tgt.name, notes=inlined)
     raising.canonicalize(model, report, proto)
 
     lower(model, tgt, report)  # every canonical node, raised here or already in the file
     preserve.restore(model, declared)
     fused = ir.serde.serialize_model(model)
     fused.ir_version = preserve.ir_version(proto.ir_version, fused)
+    if function_bodies:
+        report.notes += op_functions.attach(fused).notes
     if verify and report.converted:
         from .verify import verify as check
 
@@ -108,6 +130,7 @@ def fuse_file(
     verify: bool = False,
     in_place: bool = False,
     weights: str = "auto",
+    function_bodies: bool = True,
 ) -> FuseReport:
     """Fuse ``src`` into ``dst``, written atomically.
 
@@ -115,6 +138,7 @@ def fuse_file(
     (copy-on-write filesystems) or copied next to ``dst`` (``weights="auto"``), always copied
     (``"copy"``) or hard-linked (``"link"``). Refuses to overwrite ``src`` unless ``in_place``;
     ``dst=None`` with ``in_place`` rewrites ``src``'s graph (its weights are never rewritten).
+    ``function_bodies`` as in :func:`fuse`.
     """
     src_path = Path(src)
     if dst is None:
@@ -131,7 +155,7 @@ def fuse_file(
     # Large inline weights stay in IN as byte ranges and are streamed to OUT (issue 11 §12).
     source = inline.read(src_path)
     external.check_output(source.proto, src_path, out, in_place=in_place, split=source)
-    model, report = fuse(source, target=target, verify=verify)
+    model, report = fuse(source, target=target, verify=verify, function_bodies=function_bodies)
     placed = external.write(model, src_path.parent, out, weights=weights, split=source)
     for path, how in sorted(placed.items()):
         report.notes.append(f"weights {how} to {path}")

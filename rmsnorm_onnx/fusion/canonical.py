@@ -16,6 +16,9 @@ from .. import op_schema
 # "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization",
 # "RMSNorm", "SkipRMSNorm"; "+ Add" appended where a residual Add was absorbed)
 SOURCE_TAG = "rmsnorm_onnx.source"
+# node metadata: the spelling a raised node came from, for the fuse report ("x²=pow, eps=inside,
+# root=reciprocal +cast +scale"); read and removed at the end of raising
+PATTERN_TAG = "rmsnorm_onnx.pattern"
 
 
 def is_canonical(node: ir.Node) -> bool:

@@ -1,23 +1,20 @@
-"""Why a candidate did not fuse: the closest miss of the rules, in words.
+"""Why a rewrite rule did not fire: the closest miss of the rules, in words.
 
-A candidate is a ReduceMean (or ReduceSum) of a square, Pow(x, p) or Mul(x, x). After fusion,
-each one still in the graph is matched again by every core rule rooted at the nodes just after it,
-with a tracer that keeps the failure reasons; the most complete attempt explains the skip.
+For the source ops left as they were, the residual Adds left in front of a norm and the ops left
+right after one, every rule is matched again with a tracer that keeps the failure reasons; the
+most complete attempt explains the skip. (Decomposed norms explain themselves: ``recognise``.)
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import onnx_ir as ir
 from onnxscript.rewriter import _basics, pattern
 
 from .. import op_schema
-from .driver import all_nodes, cone
+from .driver import all_nodes
 from .report import Skip
 
 _OTHER_USES = "Matched nodes have other uses preventing replacement."
-DEPTH = 6  # nodes after the mean that can root a core pattern (eps, sqrt, reciprocal, mul)
 
 
 class _Closest:
@@ -36,44 +33,6 @@ class _Closest:
         if self.best is None or score > self.best[0]:
             self.best = (score, match_result)
             self.root = node
-
-
-def is_square(value: ir.Value | None) -> bool:
-    node = value.producer() if value is not None else None
-    if node is None or node.domain != "":
-        return False
-    if node.op_type == "Pow":
-        return True
-    return node.op_type == "Mul" and node.inputs[0] is node.inputs[1]
-
-
-def anchors(model: ir.Model) -> Iterator[ir.Node]:
-    """Every ReduceMean/ReduceSum of a square, in the graph, its subgraphs and functions."""
-    for node in all_nodes(model):
-        reduces = node.domain == "" and node.op_type in ("ReduceMean", "ReduceSum")
-        if reduces and node.inputs and is_square(node.inputs[0]):
-            yield node
-
-
-def explain(model: ir.Model, anchor: ir.Node, rules: list[pattern.RewriteRule]) -> str:
-    if anchor.op_type == "ReduceSum":
-        return "ReduceSum of a square is a sum, not a mean (no 1/n)"
-    tracer = _Closest(anchor)
-    graph = anchor.graph
-    for root in cone(anchor, DEPTH):
-        for rule in rules:
-            rule.match(model, graph, root, check_nodes_are_removable=True, tracer=tracer)
-    if tracer.best is None:
-        return (
-            "not an RMSNorm chain after the mean (expected Sqrt(mean + eps), then "
-            "Reciprocal/Div applied to the same x)"
-        )
-    (status, _), result = tracer.best
-    if result.reason == _OTHER_USES:
-        return _other_uses(result, tracer.root)
-    if status == int(_basics.MatchStatus.NO_MATCH):
-        return f"not an RMSNorm chain after the mean ({result.reason or 'structure differs'})"
-    return result.reason or "a check failed"
 
 
 def _other_uses(result: _basics.MatchResult, root: ir.Node | None) -> str:
@@ -104,18 +63,6 @@ def where(model: ir.Model, node: ir.Node) -> str:
         if function.graph is graph:
             return f"function {function.domain}::{function.name}"
     return f"subgraph '{graph.name}'" if graph is not None else "?"
-
-
-def skips(model: ir.Model, rules: list[pattern.RewriteRule]) -> list[Skip]:
-    """Every candidate still in the model, with the reason it did not fuse."""
-    return [
-        Skip(
-            anchor.name or anchor.outputs[0].name or anchor.op_type,
-            where(model, anchor),
-            explain(model, anchor, rules),
-        )
-        for anchor in anchors(model)
-    ]
 
 
 def partial_notes(model: ir.Model, rules: list[pattern.RewriteRule]) -> list[str]:

@@ -1,8 +1,8 @@
 """Applying rewrite rules at candidate nodes only, instead of every rule at every node.
 
 onnxscript's ``RewriteRuleSet`` tries each rule (about a hundred once Add/Mul operands are
-commuted) at each node of the graph. Here each candidate node (found from a ReduceMean of a
-square, or next to a fused norm) is tried only with the rules whose pattern ends in its op type;
+commuted) at each node of the graph. Here each candidate node (a source op, or a node next to a
+canonical norm) is tried only with the rules whose pattern ends in its op type;
 matching, checks, rewrite and replacement are still the rewriter's own.
 """
 
@@ -60,19 +60,3 @@ def containers(model: ir.Model) -> list[ir.Graph | ir.Function]:
 def all_nodes(model: ir.Model) -> Iterable[ir.Node]:
     for container in containers(model):
         yield from ir.traversal.RecursiveGraphIterator(container)
-
-
-def cone(anchor: ir.Node, depth: int) -> list[ir.Node]:
-    """The nodes up to ``depth`` consumer steps after ``anchor``, nearest first."""
-    seen: dict[ir.Node, None] = {}
-    frontier = [anchor]
-    for _ in range(depth):
-        nxt = []
-        for node in frontier:
-            for out in node.outputs:
-                for consumer in out.consumers():
-                    if consumer not in seen:
-                        seen[consumer] = None
-                        nxt.append(consumer)
-        frontier = nxt
-    return list(seen)

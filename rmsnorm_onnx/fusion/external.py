@@ -24,43 +24,33 @@ from onnx import external_data_helper
 
 from .. import onnx_io
 from ..errors import InvalidModelError, UsageError
-from . import inline
+from . import inline, preserve
 
 
 def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     yield from external_data_helper._get_all_tensors(model)
 
 
-def external_files(model: onnx.ModelProto, split: inline.Split | None = None) -> dict[str, int]:
+def external_files(
+    model: onnx.ModelProto, split: inline.Split | None = None, *, where: object = "model"
+) -> dict[str, int]:
     """location -> bytes the tensors need from it (max offset + length); tensors that ``split``
-    left inside the .onnx file are not counted."""
+    left inside the .onnx file are not counted. A malformed reference (an offset that is not a
+    byte count, no location, a NUL in it) is an InvalidModelError naming ``where``."""
     needed: dict[str, int] = {}
     for tensor in _tensors(model):
         if not external_data_helper.uses_external_data(tensor):
             continue
         if split is not None and split.range_of(tensor) is not None:
             continue
-        info = external_data_helper.ExternalDataInfo(tensor)
-        end = (info.offset or 0) + (info.length or 0)
-        needed[info.location] = max(needed.get(info.location, 0), end)
+        location, end = onnx_io.external_reference(tensor, str(where))
+        needed[location] = max(needed.get(location, 0), end)
     return needed
 
 
 def check_files(model: onnx.ModelProto, base_dir: Path, source: Path) -> None:
     """Every external data file exists inside base_dir and holds the bytes the tensors name."""
-    base = base_dir.resolve()
-    for location, end in external_files(model).items():
-        path = (base / location).resolve()
-        if base not in path.parents:
-            raise InvalidModelError(f"{source}: external data '{location}' lies outside {base}")
-        if not path.is_file():
-            raise InvalidModelError(f"{source}: external data file '{location}' is missing")
-        size = path.stat().st_size
-        if size < end:
-            raise InvalidModelError(
-                f"{source}: external data file '{location}' is truncated "
-                f"({size} bytes, tensors need {end})"
-            )
+    onnx_io.check_external_data(model, base_dir, source)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -80,7 +70,7 @@ def check_output(
 ) -> None:
     """Refuse an OUT that would overwrite IN or any file IN depends on: OUT itself, and the
     ``OUT.data*`` files its weights would be placed in (symlinks and hard links included)."""
-    files = external_files(model, split)
+    files = external_files(model, split, where=src)
     if _same_file(dst, src) and not in_place:
         raise UsageError(f"{dst}: is the input file; refusing to overwrite it without --in-place")
     beside = dst.parent.resolve() == src.parent.resolve()
@@ -167,7 +157,8 @@ def write(
                 placed[final] = _place(src_dir / location, tmp, weights)
             _relocate(model, renamed, split)
         with onnx_io.atomic_path(dst) as tmp_model:
-            onnx_io.set_ir_version(model)
+            # as fuse() returns it: the input's version, unless onnxruntime cannot read that
+            model.ir_version = preserve.ir_version(model.ir_version, model)
             if split is not None and split.ranges:
                 inline.save(model, split, tmp_model)
             else:

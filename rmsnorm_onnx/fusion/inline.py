@@ -94,10 +94,16 @@ class _File:
         return self._block[index - self._start]
 
 
-def _varint(buf: _File | bytes, pos: int, end: int) -> tuple[int, int]:
+# Protobuf's decoder (upb) reads a field's key and a length as 32-bit varints of at most 5 bytes,
+# a length below 2**31 and a field number below 2**29; other varints take at most 10 bytes.
+_MAX_VARINT, _MAX_VARINT32 = 10, 5
+_MAX_LENGTH, _MAX_FIELD = 2**31 - 1, 2**29 - 1
+
+
+def _varint(buf: _File | bytes, pos: int, end: int, size: int = _MAX_VARINT) -> tuple[int, int]:
     value = shift = 0
-    while True:
-        if pos >= end or shift > 63:
+    for _ in range(size):
+        if pos >= end:
             raise _Malformed
         byte = buf[pos]
         pos += 1
@@ -105,6 +111,7 @@ def _varint(buf: _File | bytes, pos: int, end: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, pos
         shift += 7
+    raise _Malformed  # longer than protobuf reads
 
 
 def _fields(buf: _File | bytes, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
@@ -116,7 +123,7 @@ def _fields(buf: _File | bytes, pos: int, end: int) -> Iterator[tuple[int, int, 
         if count > _MAX_FIELDS:  # no real graph has this many: leave such a file to protobuf
             raise _Malformed
         start = pos
-        key, pos = _varint(buf, pos, end)
+        key, pos = _varint(buf, pos, end, _MAX_VARINT32)
         field, wire = key >> 3, key & 7
         if wire == 0:
             _, pos = _varint(buf, pos, end)
@@ -125,11 +132,13 @@ def _fields(buf: _File | bytes, pos: int, end: int) -> Iterator[tuple[int, int, 
             value = pos
             pos += 8 if wire == 1 else 4
         elif wire == _LENGTH_DELIMITED:
-            length, value = _varint(buf, pos, end)
+            length, value = _varint(buf, pos, end, _MAX_VARINT32)
+            if length > _MAX_LENGTH:
+                raise _Malformed
             pos = value + length
         else:  # groups (3, 4): deprecated, never in ONNX files
             raise _Malformed
-        if field == 0 or pos > end:
+        if not 0 < field <= _MAX_FIELD or pos > end:
             raise _Malformed
         yield field, start, value, pos
 
@@ -226,6 +235,8 @@ def _split(path: Path, buf: _File) -> Split | None:
     graphs = 0
     for field, f_start, value, f_end in _fields(buf, 0, len(buf)):
         if field == _MODEL_GRAPH:
+            if buf[f_start] & 7 != _LENGTH_DELIMITED:  # protobuf keeps it as an unknown field
+                raise _Malformed
             graphs += 1
             graph = _graph(buf, value, f_end, path.name, ranges)
             out += _delimited(_MODEL_GRAPH, graph)

@@ -26,6 +26,7 @@ import onnx_ir.passes.common
 from .. import op_schema
 from ..errors import InvalidModelError
 from . import canonical, opset
+from .dims import Dims
 from .report import FuseReport
 from .targets import STANDARD_OPSET, TARGETS, Target
 from .values import static_dims
@@ -139,11 +140,13 @@ class Builder:
             raise Unsupported("the input's type is unknown and CastLike needs opset 15")
         return self("CastLike", value, like)
 
-    def ones(self, x: ir.Value, axis: int) -> ir.Value:
-        """A scale of ones over x's dims [axis, rank): for the ops that need a scale."""
+    def ones(self, x: ir.Value, axis: int, dtype: ir.DataType | None = None) -> ir.Value:
+        """A scale of ones over x's dims [axis, rank), of ``dtype`` (default x's): for the ops
+        that need a scale."""
+        dtype = dtype or x.dtype
         dims = static_dims(x, axis)
-        if dims is not None and x.dtype is not None:
-            return self.const(np.ones(dims, dtype=x.dtype.numpy()))
+        if dims is not None and dtype is not None:
+            return self.const(np.ones(dims, dtype=dtype.numpy()))
         # Shape(x)[axis:] by Slice: Shape's start= needs opset 15
         shape = self(
             "Slice",
@@ -151,8 +154,10 @@ class Builder:
             self.const(np.array([axis], np.int64)),
             self.const(np.array([_INT64_MAX], np.int64)),
         )
-        if x.dtype is not None:
-            return self("ConstantOfShape", shape, value=ir.tensor([1], dtype=x.dtype))
+        if dtype is not None:
+            ones = self("ConstantOfShape", shape, value=ir.tensor([1], dtype=dtype))
+            ones.dtype = dtype
+            return ones
         ones = self("ConstantOfShape", shape, value=ir.tensor([1.0], dtype=ir.DataType.FLOAT))
         return self.cast_back(ones, x)
 
@@ -235,7 +240,8 @@ def _typed_norm(b: Builder, n: Norm, x: ir.Value, target: Target) -> ir.Value:
     """The target's op on (x, scale) with stash_type=1, the bias an Add after it, and Casts
     where the types must agree (``mixed_types``: it takes a half X with a float32 scale, and
     its Y has the scale's type)."""
-    scale = n.scale if n.scale is not None else b.ones(x, n.axis)
+    # no scale: ones of the bias's type, so that a float32 bias is added before the cast back
+    scale = n.scale if n.scale is not None else b.ones(x, n.axis, _param_type(n))
     attrs = {"axis": n.axis, "epsilon": n.epsilon, "stash_type": 1}
     if scale.dtype is None or scale.dtype == n.dtype:
         return _add_bias(b, n, b(target.op_type, x, scale, **attrs))
@@ -243,18 +249,16 @@ def _typed_norm(b: Builder, n: Norm, x: ir.Value, target: Target) -> ir.Value:
     return b.cast_back(_add_bias(b, n, b(target.op_type, xin, scale, **attrs)), x)
 
 
+def _param_type(n: Norm) -> ir.DataType | None:
+    """The type of the scale and bias (they share one), None where there are none."""
+    for param in (n.scale, n.bias):
+        if param is not None:
+            return param.dtype
+    return None
+
+
 def _label(n: Norm, op_type: str) -> str:
     return op_type + (" + Add" if n.bias is not None else "")
-
-
-def _same_dims(a: list, b: list) -> bool:
-    """Provably equal: numbers equal, or symbols of one name (two unknown dims prove nothing)."""
-    if len(a) != len(b):
-        return False
-    return all(
-        x == y and (isinstance(x, int) or getattr(x, "value", None) is not None)
-        for x, y in zip(a, b, strict=True)
-    )
 
 
 def _skip_op_misfit(n: Norm) -> str | None:
@@ -267,16 +271,19 @@ def _skip_op_misfit(n: Norm) -> str | None:
         return f"X has rank {len(x_dims)}; the contrib skip op takes rank 2 or 3"
     if n.axis not in (-1, len(x_dims) - 1):
         return "it normalizes more than the last axis"
-    if len(s_dims) not in (2, 3) or not _same_dims(s_dims[-2:], x_dims[-2:]):
+    proof = Dims()  # numbers, one symbol, or the graph computing them from one tensor's dims
+    if len(s_dims) not in (2, 3) or not all(proof.equal(n.skip, k, n.x, k) for k in (-2, -1)):
         return "skip's last two dims are not provably X's"
-    if len(x_dims) == 2 and not _same_dims(s_dims, x_dims):
+    if len(x_dims) == 2 and len(s_dims) != 2:
         return "skip broadcasts over a rank-2 X"
     if n.dtype is None or n.skip.dtype != n.dtype:
         return "the types of X and skip are unknown or differ"
+    if n.bias is not None and n.bias.dtype != n.dtype:  # it would be added after rounding Y
+        return "the bias's type differs from X's"
     if n.scale is not None:
         if n.scale.dtype != n.dtype:
             return "the scale's type differs from X's"
-        if n.scale.shape is None or not _same_dims(list(n.scale.shape), x_dims[-1:]):
+        if n.scale.shape is None or len(n.scale.shape) != 1 or not proof.equal(n.scale, 0, n.x, -1):
             return "the scale is not a 1-D tensor of the hidden size"
     return None
 
@@ -322,9 +329,9 @@ LOWERINGS: dict[str, Lowering] = {
 
 def _canonical_nodes(model: ir.Model) -> Iterator[tuple[ir.Node, int, ir.Graph | ir.Function]]:
     """Every canonical node with its default opset and the graph or function importing it."""
-    main = model.opset_imports.get("", 1)
+    main = opset.version(model.opset_imports)
     for container in [model.graph, *model.functions.values()]:
-        version = container.opset_imports.get("", main)
+        version = opset.version(container.opset_imports, main)
         for node in ir.traversal.RecursiveGraphIterator(container):
             if canonical.is_canonical(node):
                 yield node, version, container
@@ -354,6 +361,7 @@ def lower(model: ir.Model, target: Target, report: FuseReport) -> None:
     found = list(_canonical_nodes(model))
     if not found:
         return
+    opset.one_default_import(model)  # the nodes written are in "", whatever the file named it
     blocked = ""
     if target.name == "standard":
         problems = opset.blockers(model)

@@ -2,11 +2,14 @@
 
 1. ours already there: tagged with their form;
 2. ORT's and ONNX's norm ops (``sources``);
-3. decomposed chains (``patterns``), then the Casts, scale and bias around them;
+3. decomposed norms, recognised by the value they compute (``recognise`` on ``algebra``): the
+   stage finds its own candidates, the statistics (means of squares), and needs no rule per
+   spelling; then a bias Add, and Casts or a scale around a source op (``patterns``);
 4. the residual Add in front of a norm (``skip``).
 
-Nothing here depends on the target: lowering decides what each target can express. The report
-gets the fusions per pattern, the residual Adds absorbed, and every candidate left with its reason.
+Functions that hold a norm are inlined at their call sites first (``functions``), as onnxruntime
+does when it loads the model: each call site then has its own ε and types, and a residual Add
+outside the function meets the norm. Nothing here depends on the target.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import onnx
 import onnx_ir as ir
 import onnxscript.optimizer
 
-from . import diagnose, driver, patterns, skip, sources
-from .canonical import is_canonical
+from . import diagnose, driver, patterns, recognise, skip, sources
+from .canonical import PATTERN_TAG, is_canonical
 from .report import FuseReport
 
 _MAX_ABSORB_ROUNDS = 8  # Cast, scale, Cast, bias: a chain absorbs in at most four rounds
@@ -37,9 +40,9 @@ def canonicalize(model: ir.Model, report: FuseReport, proto: onnx.ModelProto | N
     source_rules = sources.rules()
     driver.apply(model, source_rules, [n for n in driver.all_nodes(model) if sources.is_source(n)])
 
-    core = patterns.rule_set(patterns.core_rules()).rules
-    chains = [n for a in diagnose.anchors(model) for n in driver.cone(a, diagnose.DEPTH)]
-    driver.apply(model, core, chains)
+    _, decomposed_skips, decomposed_notes = recognise.raise_decomposed(
+        model, list(driver.all_nodes(model))
+    )
     absorb = patterns.rule_set(patterns.absorb_rules()).rules
     for _ in range(_MAX_ABSORB_ROUNDS):
         after = [c for n in _norms(model) for c in n.outputs[0].consumers()]
@@ -60,13 +63,14 @@ def canonicalize(model: ir.Model, report: FuseReport, proto: onnx.ModelProto | N
     if report.with_skip:
         skip.sort(model)
 
-    report.skipped = diagnose.skips(model, core)
+    report.skipped = decomposed_skips
     left = [n for n in driver.all_nodes(model) if sources.is_source(n)]
     report.skipped += diagnose.left_alone(model, left, source_rules[::-1], "")
     report.skipped += diagnose.residual_skips(model, residual[::-1])
+    report.notes += decomposed_notes
     report.notes += diagnose.partial_notes(model, absorb)
     for node in _canonical(model):
-        label = node.metadata_props.pop(patterns.PATTERN_TAG, None)
+        label = node.metadata_props.pop(PATTERN_TAG, None)
         if label is not None:  # raised from a decomposed chain or grown by an absorbed op
             report.fused[label] += 1
 

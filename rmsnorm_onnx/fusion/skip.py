@@ -26,6 +26,7 @@ from onnxscript.rewriter import pattern
 
 from .. import op_schema
 from ..reference import skip_fits
+from .dims import Dims
 from .patterns import _fused_parts, emit
 from .values import dim_tokens
 
@@ -101,10 +102,15 @@ def _text(value: ir.Value) -> str:
 
 
 def x_and_skip(
-    a: ir.Value, b: ir.Value, axis: int, hints: ShapeHints | None = None
+    a: ir.Value,
+    b: ir.Value,
+    axis: int,
+    hints: ShapeHints | None = None,
+    dims: Dims | None = None,
 ) -> tuple[ir.Value, ir.Value] | str:
-    """(X, skip) for SkipRMSNorm from the Add's operands, or why they do not fit; ``hints``
-    (main graph only) are asked where the declared or inferred shapes prove nothing."""
+    """(X, skip) for SkipRMSNorm from the Add's operands, or why they do not fit. Where the
+    declared or inferred shapes prove nothing, ``dims`` proves dims equal from how the graph
+    computes them, and ``hints`` (main graph only) are asked."""
     for value in (a, b):
         if _constant(value):
             return f"the Add has a constant operand '{value.name}': a bias, not a residual"
@@ -113,6 +119,8 @@ def x_and_skip(
     if a.dtype != b.dtype:
         return f"the Add's operands are of different types ({a.dtype.name}, {b.dtype.name})"
     shapes = [(dim_tokens(a), dim_tokens(b))]
+    if dims is not None:
+        shapes.append(dims.aligned(a, b) or (None, None))
     if hints is not None:
         shapes.append((hints.tokens(a), hints.tokens(b)))
     for ta, tb in shapes:
@@ -136,9 +144,11 @@ def x_and_skip(
 class ResidualAdd(pattern.RewriteRuleClassBase):
     """RMSNorm(Add(a, b), ...) -> SkipRMSNorm(X, skip, ...), S replacing the sum if it is read."""
 
-    def __init__(self, keep_sum: bool, hints: ShapeHints | None = None) -> None:
+    def __init__(
+        self, keep_sum: bool, hints: ShapeHints | None = None, dims: Dims | None = None
+    ) -> None:
         super().__init__(name="residual Add" + (" (sum read)" if keep_sum else ""))
-        self.keep_sum, self.hints = keep_sum, hints
+        self.keep_sum, self.hints, self.dims = keep_sum, hints, dims
         self._order: tuple[ir.Value, ir.Value] | None = None
 
     def pattern(self, op, a, b):
@@ -152,7 +162,7 @@ class ResidualAdd(pattern.RewriteRuleClassBase):
         result = pattern.MatchResult()
         axis = normed.producer().attributes.get_int("axis", op_schema.DEFAULT_AXIS)
         main = context.graph_or_function is context.model.graph
-        found = x_and_skip(a, b, axis, self.hints if main else None)
+        found = x_and_skip(a, b, axis, self.hints if main else None, self.dims)
         if isinstance(found, str):
             return result.fail(found, normed.producer().inputs[0])
         self._order = found
@@ -176,8 +186,8 @@ class ResidualAdd(pattern.RewriteRuleClassBase):
 def rules(proto: onnx.ModelProto | None = None) -> list[pattern.RewriteRule]:
     """Without S first: S only where the sum is read elsewhere or is a graph output. ``proto``:
     the input model, for :class:`ShapeHints`."""
-    hints = ShapeHints(proto)
-    return [ResidualAdd.rule(False, hints), ResidualAdd.rule(True, hints)]
+    hints, dims = ShapeHints(proto), Dims()
+    return [ResidualAdd.rule(False, hints, dims), ResidualAdd.rule(True, hints, dims)]
 
 
 def sort(model: ir.Model) -> None:

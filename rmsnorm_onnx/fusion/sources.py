@@ -13,13 +13,14 @@ precision (0 is no type at all), so such a node is left alone with the reason.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from .. import op_schema
 from .canonical import SOURCE_TAG, is_canonical
 from .patterns import emit
-from .values import FLOAT_TYPES
+from .values import FLOAT_TYPES, default_opset, fits_normalized
 
 MS_DOMAIN = "com.microsoft"
 SKIP_SLN = "SkipSimplifiedLayerNormalization"
@@ -40,6 +41,7 @@ class StandardNorm(pattern.RewriteRuleClassBase):
         super().__init__(name=op_type)
         self.op_type, (self.domain, self.default_eps) = op_type, NORMS[op_type]
         self._cast_x = False
+        self._scale = Scale()
 
     def pattern(self, op, x, scale):
         return getattr(op, self.op_type)(x, scale, _domain=self.domain, _outputs=["y"])
@@ -60,6 +62,9 @@ class StandardNorm(pattern.RewriteRuleClassBase):
                 f"{self.op_type}: X is {x.dtype.name}, the scale {why} (Y takes the scale's type)",
                 scale,
             )
+        misfit = self._scale.check(context, scale, x, node.attributes.get_int("axis", -1))
+        if misfit is not None:
+            return result.fail(f"{self.op_type}: {misfit}", scale)
         return result
 
     def rewrite(self, op, x, scale, y, **_):
@@ -72,7 +77,7 @@ class StandardNorm(pattern.RewriteRuleClassBase):
             x_shape = x.shape
             x = op.Cast(x, to=ir.DataType.FLOAT)
             x.dtype, x.shape = ir.DataType.FLOAT, x_shape  # the absorb rules read them
-        return emit(op, [x, scale], attrs, None, self.op_type)
+        return emit(op, [x, self._scale.squeezed(op, scale)], attrs, None, self.op_type)
 
 
 class SkipSimplified(pattern.RewriteRuleClassBase):
@@ -85,6 +90,7 @@ class SkipSimplified(pattern.RewriteRuleClassBase):
     def __init__(self, keep_sum: bool) -> None:
         super().__init__(name=SKIP_SLN + (" (sum read)" if keep_sum else ""))
         self.keep_sum = keep_sum
+        self._scale = Scale()
 
     def pattern(self, op, x, skip, gamma):
         names = ["y", "mean", "inv_std_var", "total"] if self.keep_sum else ["y"]
@@ -109,13 +115,52 @@ class SkipSimplified(pattern.RewriteRuleClassBase):
             )
         if x.dtype not in FLOAT_TYPES:
             return result.fail(f"{SKIP_SLN}: the input's element type is unknown", x)
+        misfit = self._scale.check(context, gamma, x, -1)
+        if misfit is not None:
+            return result.fail(f"{SKIP_SLN}: {misfit}", gamma)
         return result
 
     def rewrite(self, op, x, skip, gamma, y, **_):
         eps = y.producer().attributes.get_float("epsilon", SKIP_EPSILON)
         attrs = {"epsilon": eps, "axis": -1}
         n = 2 if self.keep_sum else 1
+        gamma = self._scale.squeezed(op, gamma)
         return emit(op, [x, skip, gamma], attrs, None, SKIP_SLN, op_schema.SKIP_OP_TYPE, n)
+
+
+class Scale:
+    """The scale as our ops take it: broadcasting to X's normalized dims only. ORT's ops read
+    a scale by its size, and the exporters that write them give Falcon-H1's a leading 1 ([1, H]
+    on X [..., H]); those 1s are squeezed off (a Squeeze the runtime folds into the weight, which
+    stays unread here). A scale that broadcasts over other axes is no RMSNorm of ours."""
+
+    def __init__(self) -> None:
+        self.drop = 0  # leading dims to squeeze off
+        self.opset = 1
+
+    def check(self, context, scale: ir.Value, x: ir.Value, axis: int) -> str | None:
+        """None where the scale fits (after squeezing), else why not."""
+        self.drop, self.opset = 0, default_opset(context)
+        if scale.shape is None:
+            return None  # as the op had it: its kernel checks the size
+        n_axes = -axis if axis < 0 else (None if x.shape is None else len(x.shape) - axis)
+        dims = list(scale.shape)
+        while n_axes is not None and len(dims) > n_axes and dims[0] == 1:
+            dims.pop(0)
+            self.drop += 1
+        probe = ir.Value(name=scale.name, shape=ir.Shape(dims), type=scale.type)
+        return fits_normalized(probe, x, n_axes)
+
+    def squeezed(self, op, scale: ir.Value) -> ir.Value:
+        if not self.drop:
+            return scale
+        axes = np.arange(self.drop, dtype=np.int64)
+        if self.opset >= 13:  # axes became an input at opset 13
+            out = op.Squeeze(scale, op.Constant(value=ir.tensor(axes)))
+        else:
+            out = op.Squeeze(scale, axes=axes.tolist())
+        out.dtype, out.shape = scale.dtype, ir.Shape(list(scale.shape)[self.drop :])
+        return out
 
 
 def rules() -> list[pattern.RewriteRule]:

@@ -5,6 +5,7 @@ Only small tensors are ever read (exponents, epsilons, axes, Gemma's scale); wei
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -39,10 +40,10 @@ def scalar(value: ir.Value | None) -> float | None:
 
 def default_opset(context: Any) -> int:
     """The default-domain opset a match runs under (functions carry their own imports)."""
-    version = context.graph_or_function.opset_imports.get("")
+    version = default_domain_version(context.graph_or_function.opset_imports)
     if version is None:
-        version = context.model.opset_imports.get("", 1)
-    return int(version)
+        version = default_domain_version(context.model.opset_imports)
+    return 1 if version is None else version
 
 
 def static_dims(value: ir.Value, axis: int) -> list[int] | None:
@@ -145,3 +146,14 @@ def dim_tokens(value: ir.Value) -> tuple[object, ...] | None:
         else:
             tokens.append(object())
     return tuple(tokens)
+
+
+DEFAULT_DOMAINS = ("", "ai.onnx")  # two names ONNX allows for one domain
+
+
+def default_domain_version(imports: Mapping[str, int]) -> int | None:
+    """The default-domain opset ``imports`` name, under "" or "ai.onnx"; None where neither."""
+    for name in DEFAULT_DOMAINS:
+        if name in imports:
+            return int(imports[name])
+    return None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
+from onnx import external_data_helper
 
 from .. import onnx_io, op_schema
 from ..errors import RMSNormOnnxError
@@ -27,6 +29,32 @@ _NUMPY = {
 }
 
 
+def _data_folder(model: onnx.ModelProto, base_dir: Path) -> tuple[onnx.ModelProto, Path]:
+    """The model with each external data location made relative to one folder that holds every
+    data file's real path, and that folder.
+
+    onnxruntime refuses, for a model given as bytes, data files whose real path lies outside the
+    folder it is told, such as a Hugging Face cache snapshot's links into the cache's blobs (it
+    reads them when given the file's path).
+    """
+    real = {}
+    for tensor in external_data_helper._get_all_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                real[entry.value] = os.path.realpath(base_dir / entry.value)
+    folder = os.path.realpath(base_dir)
+    if all(os.path.dirname(path) == folder for path in real.values()):
+        return model, Path(folder)
+    folder = os.path.commonpath([folder, *real.values()])
+    moved = onnx.ModelProto()
+    moved.CopyFrom(model)  # the caller's model is left as it was (its weights are references)
+    for tensor in external_data_helper._get_all_tensors(moved):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = os.path.relpath(real[entry.value], folder)
+    return moved, Path(folder)
+
+
 def _session(model: onnx.ModelProto, base_dir: Path | None) -> Any:
     """An ORT session on the model's bytes; external data is read from ``base_dir`` by ORT."""
     import onnxruntime as ort
@@ -34,7 +62,8 @@ def _session(model: onnx.ModelProto, base_dir: Path | None) -> Any:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if base_dir is not None:
-        options.add_session_config_entry(_EXTERNAL_FOLDER, str(base_dir.resolve()))
+        model, folder = _data_folder(model, base_dir)
+        options.add_session_config_entry(_EXTERNAL_FOLDER, str(folder))
     data = onnx_io.serialize(model)  # the caller's model (fuse's input) is left as it was
     if any(o.domain == op_schema.DOMAIN for o in model.opset_import):
         from ..runtime import session

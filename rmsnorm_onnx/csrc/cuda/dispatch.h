@@ -7,7 +7,7 @@
 #pragma once
 #include <type_traits>
 
-#include "cuda/launch_config.h"
+#include "cuda/launch_choice.h"
 
 namespace rmsnorm_onnx::cuda {
 
@@ -55,15 +55,12 @@ bool DispatchFamily(const LaunchConfig& c, Fn& f) {
   }
 }
 
-// P supplies the storage types of half and bfloat16 (CUDA's, or the host emulation's).
+// P supplies each type's storage (CUDA's, or the host emulation's): P::Storage<DType>.
 template <class P, class Fn>
 bool Dispatch(DType t, const LaunchConfig& c, Fn& f) {
-  switch (t) {
-    case DType::kFloat32: return DispatchFamily<float>(c, f);
-    case DType::kFloat16: return DispatchFamily<typename P::Half>(c, f);
-    case DType::kBFloat16: return DispatchFamily<typename P::BFloat16>(c, f);
-  }
-  return false;
+  return VisitDType(t, [&](auto d) {
+    return DispatchFamily<typename P::template Storage<decltype(d)::value>>(c, f);
+  });
 }
 
 }  // namespace rmsnorm_onnx::cuda

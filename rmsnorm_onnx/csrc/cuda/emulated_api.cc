@@ -1,6 +1,6 @@
 // librmsnorm_onnx_emulated: the CUDA kernel body of rmsnorm_kernel.h run on the host by the fiber
 // emulator, with the launch configuration rmsnorm.cu would choose; and rmsnorm.cu's launch
-// protocol (launcher.h) over a fake driver. A plain C API for the tests (tests/cuda_emulator.py,
+// protocol (launch_protocol.h) over a fake driver. A plain C API for the tests (tests/cuda_emulator.py,
 // through ctypes); not part of the custom-op library.
 #include <algorithm>
 #include <atomic>
@@ -14,9 +14,9 @@
 
 #include "cuda/dispatch.h"
 #include "cuda/emulator.h"
-#include "cuda/launch.h"
-#include "cuda/launch_config.h"
-#include "cuda/launcher.h"
+#include "cuda/launch_params.h"
+#include "cuda/launch_choice.h"
+#include "cuda/launch_protocol.h"
 #include "cuda/primitives_host.h"
 #include "cuda/rmsnorm_kernel.h"
 
@@ -55,7 +55,7 @@ void CopyError(const std::string& message, char* error, int64_t error_len) {
   error[n] = '\0';
 }
 
-// launcher.h's driver policy with CUDA's semantics where the protocol depends on them: the
+// launch_protocol.h's driver policy with CUDA's semantics where the protocol depends on them: the
 // shared-memory limit is an attribute of the kernel (process-wide), a launch over it fails, and a
 // failed call also lands in a last-error slot that only ClearLastError empties.
 struct FakeDriver {
@@ -102,12 +102,13 @@ struct FakeDriver {
 }  // namespace
 }  // namespace rmsnorm_onnx::cuda
 
-using rmsnorm_onnx::cuda::DType;
+using rmsnorm_onnx::DType;
 using rmsnorm_onnx::cuda::LaunchConfig;
 
 extern "C" {
 
-// Mirrors launch.h's Params for ctypes, with the element counts of scale/bias (the regions the
+// Mirrors launch_params.h's Params for ctypes (types as ONNX element types), with the element
+// counts of scale/bias (the regions the
 // emulator lets the kernel read); pointers as addresses.
 struct RmsnormEmulatedParams {
   uint64_t x, y, scale, bias, skip, sum;
@@ -124,17 +125,20 @@ struct RmsnormEmulatedConfig {
   int64_t threads_launched, threads_loading, row_data_bytes;  // emu::RunStats (runs only)
 };
 
-static rmsnorm_onnx::cuda::Params ToParams(const RmsnormEmulatedParams& e) {
-  rmsnorm_onnx::cuda::Params p;
+// Params from the ctypes mirror; false for an element type the kernels do not take.
+static bool ToParams(const RmsnormEmulatedParams& e, rmsnorm_onnx::cuda::Params* out) {
+  rmsnorm_onnx::cuda::Params& p = *out;
+  if (!rmsnorm_onnx::DTypeFromOnnx(e.x_type, &p.x_type) ||
+      !rmsnorm_onnx::DTypeFromOnnx(e.scale_type, &p.scale_type) ||
+      !rmsnorm_onnx::DTypeFromOnnx(e.bias_type, &p.bias_type)) {
+    return false;
+  }
   p.x = reinterpret_cast<const void*>(e.x);
   p.y = reinterpret_cast<void*>(e.y);
   p.scale = reinterpret_cast<const void*>(e.scale);
   p.bias = reinterpret_cast<const void*>(e.bias);
   p.skip = reinterpret_cast<const void*>(e.skip);
   p.sum = reinterpret_cast<void*>(e.sum);
-  p.x_type = static_cast<DType>(e.x_type);
-  p.scale_type = static_cast<DType>(e.scale_type);
-  p.bias_type = static_cast<DType>(e.bias_type);
   p.rows = e.rows;
   p.cols = e.cols;
   p.scale_inner = e.scale_inner;
@@ -144,7 +148,7 @@ static rmsnorm_onnx::cuda::Params ToParams(const RmsnormEmulatedParams& e) {
   p.epsilon = e.epsilon;
   p.eps_outside = e.eps_outside != 0;
   p.skip_rows = e.skip_rows;
-  return p;
+  return true;
 }
 
 static void ExportConfig(const LaunchConfig& c, RmsnormEmulatedConfig* out) {
@@ -161,18 +165,13 @@ static void ExportConfig(const LaunchConfig& c, RmsnormEmulatedConfig* out) {
   out->grid = c.grid;
 }
 
-static bool ValidTypes(const RmsnormEmulatedParams& e) {
-  namespace rc = rmsnorm_onnx::cuda;
-  return rc::IsDType(e.x_type) && rc::IsDType(e.scale_type) && rc::IsDType(e.bias_type);
-}
-
 // The launch configuration rmsnorm.cu would choose. Returns 0, or -1 for an unknown dtype.
 __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_config(
     const RmsnormEmulatedParams* params, int32_t max_smem_bytes, int64_t max_grid,
     RmsnormEmulatedConfig* out) {
-  if (params == nullptr || out == nullptr || !ValidTypes(*params)) return -1;
-  ExportConfig(rmsnorm_onnx::cuda::ChooseLaunchConfig(ToParams(*params), max_smem_bytes, max_grid),
-               out);
+  rmsnorm_onnx::cuda::Params p;
+  if (params == nullptr || out == nullptr || !ToParams(*params, &p)) return -1;
+  ExportConfig(rmsnorm_onnx::cuda::ChooseLaunchConfig(p, max_smem_bytes, max_grid), out);
   return 0;
 }
 
@@ -184,18 +183,18 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
     const RmsnormEmulatedParams* params, int32_t max_smem_bytes, int64_t max_grid,
     uint64_t schedule_seed, RmsnormEmulatedConfig* used, char* error, int64_t error_len) {
   namespace rc = rmsnorm_onnx::cuda;
-  if (params == nullptr || !ValidTypes(*params)) {
-    rc::CopyError("unknown dtype code", error, error_len);
+  rc::Params p;
+  if (params == nullptr || !ToParams(*params, &p)) {
+    rc::CopyError("element type not supported by the kernels", error, error_len);
     return -1;
   }
-  const rc::Params p = ToParams(*params);
   if (const char* e = rc::CheckParams(p)) {
     rc::CopyError(e, error, error_len);
     return -1;
   }
   if (p.rows == 0 || p.cols == 0) return 0;
   const LaunchConfig config = rc::ChooseLaunchConfig(p, max_smem_bytes, max_grid);
-  const size_t es = rc::ElementBytes(p.x_type);
+  const size_t es = rmsnorm_onnx::ElementBytes(p.x_type);
   const size_t bytes = static_cast<size_t>(p.rows * p.cols) * es;
   const size_t skip_bytes = static_cast<size_t>(p.skip_rows * p.cols) * es;
   rc::EmulatedLaunch launch{config, schedule_seed, rc::MakeKernelArgs(p, config), {}, {}, {}};
@@ -204,9 +203,9 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
       {p.y, bytes, true, "Y"},
       {p.skip, p.skip ? skip_bytes : 0, false, "skip", true},
       {p.sum, p.sum ? bytes : 0, true, "S"},
-      {p.scale, static_cast<size_t>(params->scale_count) * rc::ElementBytes(p.scale_type), false,
+      {p.scale, static_cast<size_t>(params->scale_count) * rmsnorm_onnx::ElementBytes(p.scale_type), false,
        "scale"},
-      {p.bias, static_cast<size_t>(params->bias_count) * rc::ElementBytes(p.bias_type), false,
+      {p.bias, static_cast<size_t>(params->bias_count) * rmsnorm_onnx::ElementBytes(p.bias_type), false,
        "bias"},
   };
   if (!rc::Dispatch<rc::HostPrimitives>(p.x_type, config, launch)) {
@@ -226,7 +225,7 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
   return 0;
 }
 
-// launcher.h, bug 1: `threads` threads each launch `launches` times, alternating between a
+// launch_protocol.h, bug 1: `threads` threads each launch `launches` times, alternating between a
 // long-row configuration over the default shared-memory limit and a larger one, all on one kernel
 // and device. Out: how often the limit was raised, how many launches failed, the limit left.
 __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_shared_limit_race(
@@ -253,7 +252,7 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_shared_limit_ra
   return 0;
 }
 
-// launcher.h, bug 2: with an earlier, unrelated error pending in the last-error slot, a launch
+// launch_protocol.h, bug 2: with an earlier, unrelated error pending in the last-error slot, a launch
 // that succeeds must report success (`launch_error` 0), and a launch that fails its own error.
 // Returns the message (empty on success); `*pending_after`: the last-error slot afterwards.
 __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_stale_error(

@@ -65,6 +65,10 @@ struct Machine {
   std::string error;
   int64_t errors = 0;
   int64_t row_data_bytes = 0;
+  // Per region: which bytes this launch has stored, kept only for a writable region that
+  // overlaps a read-only one (an output bound over an input): a non-coherent load of such a byte
+  // after the store is an error (see CheckedLoadReadOnly).
+  std::vector<std::vector<bool>> stored;
 };
 
 std::mutex g_run_mutex;       // one emulated launch at a time
@@ -121,8 +125,16 @@ __attribute__((noinline)) void StartFiber(Fiber& f, int thread, char* stack, uco
   makecontext(&f.context, FiberMain, 0);
 }
 
-bool Check(const void* device, size_t bytes, size_t align, bool write) {
+bool Overlap(const Region& a, const Region& b) {
+  const auto a0 = reinterpret_cast<uintptr_t>(a.begin), b0 = reinterpret_cast<uintptr_t>(b.begin);
+  return a.begin && b.begin && a0 < b0 + b.bytes && b0 < a0 + a.bytes;
+}
+
+enum class Access { kLoad, kLoadReadOnly, kStore };
+
+bool Check(const void* device, size_t bytes, size_t align, Access kind) {
   Machine& m = *g_machine;
+  const bool write = kind == Access::kStore;
   const auto addr = reinterpret_cast<uintptr_t>(device);
   const char* access = write ? "store" : "load";
   if (addr % align != 0) {
@@ -134,17 +146,42 @@ bool Check(const void* device, size_t bytes, size_t align, bool write) {
     return addr >= b && addr + bytes <= b + size;
   };
   if (!m.smem.empty() && inside(m.smem.data(), m.smem.size() * sizeof(Chunk16))) return true;
-  for (const Region& r : *m.regions) {
+  // A store looks for a writable region (an output may be bound over an input's memory).
+  const Region* read_only = nullptr;
+  for (size_t i = 0; i < m.regions->size(); ++i) {
+    const Region& r = (*m.regions)[i];
     if (r.begin == nullptr || !inside(r.begin, r.bytes)) continue;
     if (write && !r.writable) {
-      Fail("store into read-only %s at %p", r.name, device);
-      return false;
+      read_only = &r;
+      continue;
+    }
+    const size_t first = addr - reinterpret_cast<uintptr_t>(r.begin);
+    if (write && !m.stored[i].empty()) {
+      std::fill(m.stored[i].begin() + first, m.stored[i].begin() + first + bytes, true);
     }
     if (!write && r.row_data && m.current) {
       m.current->loaded_row_data = true;
       m.row_data_bytes += static_cast<int64_t>(bytes);
     }
+    if (kind == Access::kLoadReadOnly) {
+      for (size_t k = 0; k < m.regions->size(); ++k) {
+        const Region& w = (*m.regions)[k];
+        if (m.stored[k].empty() || !inside(w.begin, w.bytes)) continue;
+        const size_t at = addr - reinterpret_cast<uintptr_t>(w.begin);
+        for (size_t b = at; b < at + bytes; ++b) {
+          if (m.stored[k][b]) {
+            Fail("non-coherent load from %s at %p after this launch stored %s there (the "
+                 "read-only path may return the stale value)", r.name, device, w.name);
+            return false;
+          }
+        }
+      }
+    }
     return true;
+  }
+  if (read_only != nullptr) {
+    Fail("store into read-only %s at %p", read_only->name, device);
+    return false;
   }
   Fail("out-of-bounds %zu-byte %s at %p", bytes, access, device);
   return false;
@@ -163,6 +200,13 @@ std::string Run(const LaunchShape& shape, const std::vector<Region>& regions,
   Machine& m = *machine;
   m.shape = shape;
   m.regions = &regions;
+  m.stored.resize(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    if (!regions[i].writable) continue;
+    for (const Region& r : regions) {
+      if (!r.writable && Overlap(regions[i], r)) m.stored[i].assign(regions[i].bytes, false);
+    }
+  }
   m.body = body;
   m.arg = arg;
   g_machine = &m;
@@ -255,20 +299,33 @@ float ShflXor(float v, int mask) {
   return w.values[buf][lane ^ mask];
 }
 
+void SyncWarp() {
+  Machine& m = *g_machine;
+  Wait(m.warps[m.current->thread / kWarp].barrier);
+}
+
 void SyncThreads() { Wait(g_machine->block_barrier); }
 float* ReductionSlots() { return g_machine->slots; }
 void* DynamicShared() { return g_machine->smem.data(); }
 
 void CheckedLoad(void* dst, const void* src, size_t bytes, size_t align) {
-  if (Check(src, bytes, align, false)) {
+  if (Check(src, bytes, align, Access::kLoad)) {
     std::memcpy(dst, src, bytes);
   } else {
     std::memset(dst, 0xff, bytes);  // NaN: a bad load must not pass for a plausible value
   }
 }
 
+void CheckedLoadReadOnly(void* dst, const void* src, size_t bytes, size_t align) {
+  if (Check(src, bytes, align, Access::kLoadReadOnly)) {
+    std::memcpy(dst, src, bytes);
+  } else {
+    std::memset(dst, 0xff, bytes);
+  }
+}
+
 void CheckedStore(void* dst, const void* src, size_t bytes, size_t align) {
-  if (Check(dst, bytes, align, true)) std::memcpy(dst, src, bytes);
+  if (Check(dst, bytes, align, Access::kStore)) std::memcpy(dst, src, bytes);
 }
 
 }  // namespace rmsnorm_onnx::cuda::emu

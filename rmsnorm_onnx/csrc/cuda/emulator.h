@@ -14,8 +14,10 @@
 // promise (say, reusing shared memory without a barrier) computes wrong values under some seed.
 //
 // Memory is checked: every Load/Store of the kernel must fall inside a registered region (X,
-// skip, scale, bias read-only; Y, S; the block's dynamic shared memory) and be aligned to its access size,
-// as a GPU requires of vector accesses. A thread that exits while others wait at a barrier, or
+// skip, scale, bias read-only; Y, S; the block's dynamic shared memory) and be aligned to its
+// access size, as a GPU requires of vector accesses. Outputs may be bound over inputs (an
+// in-place update): a store then goes to the writable region, and a read-only (non-coherent)
+// load of a byte the launch has already stored is an error, as a GPU could return stale data. A thread that exits while others wait at a barrier, or
 // shuffle masks that differ within a warp, are reported as errors too.
 #pragma once
 #include <cstddef>
@@ -57,11 +59,14 @@ int BlockDim();
 int64_t BlockIdx();
 int64_t GridDim();
 float ShflXor(float v, int mask);
+void SyncWarp();
 void SyncThreads();
 float* ReductionSlots();
 void* DynamicShared();
 // Copies `bytes` from src to dst; the device side (src for loads, dst for stores) is checked.
 void CheckedLoad(void* dst, const void* src, size_t bytes, size_t align);
+// A load through the read-only path (ld.global.nc): also fails on bytes stored by this launch.
+void CheckedLoadReadOnly(void* dst, const void* src, size_t bytes, size_t align);
 void CheckedStore(void* dst, const void* src, size_t bytes, size_t align);
 
 }  // namespace rmsnorm_onnx::cuda::emu

@@ -6,13 +6,15 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/launch_config.h"
+#include "cuda/launch_choice.h"
 
 namespace rmsnorm_onnx::cuda {
 
 struct CudaPrimitives {
-  using Half = __half;
-  using BFloat16 = __nv_bfloat16;
+  // CUDA's type for each row of dtype.h's table
+  template <DType D>
+  using Storage = std::conditional_t<D == DType::kFloat16, __half,
+                                     std::conditional_t<D == DType::kBFloat16, __nv_bfloat16, float>>;
 
   __device__ __forceinline__ static int ThreadIdx() { return static_cast<int>(threadIdx.x); }
   __device__ __forceinline__ static int Warp() { return static_cast<int>(threadIdx.x) >> 5; }
@@ -24,6 +26,7 @@ struct CudaPrimitives {
     return __shfl_xor_sync(0xffffffffu, v, mask);
   }
   __device__ __forceinline__ static bool AnySync(bool v) { return __any_sync(0xffffffffu, v); }
+  __device__ __forceinline__ static void SyncWarp() { __syncwarp(); }
   __device__ __forceinline__ static void SyncThreads() { __syncthreads(); }
 
   __device__ __forceinline__ static float* ReductionSlots() {

@@ -1,5 +1,5 @@
 // CUDA launcher of the RMSNorm / SkipRMSNorm kernels. No ORT header here (nvcc 13 cannot compile
-// ORT's lite custom-op header): the op code in cuda_op.cc calls Launch through cuda/launch.h.
+// ORT's lite custom-op header): the op code in cuda_op.cc calls Launch through cuda/launch_params.h.
 //
 // Kernel names say what they are, so the ptxas report can be read without the template
 // arguments: `Warp` (small rows, several per warp), `Block` (a block per row), `Skip` (the fused
@@ -9,9 +9,9 @@
 #include <atomic>
 
 #include "cuda/dispatch.h"
-#include "cuda/launch.h"
-#include "cuda/launch_config.h"
-#include "cuda/launcher.h"
+#include "cuda/launch_params.h"
+#include "cuda/launch_choice.h"
+#include "cuda/launch_protocol.h"
 #include "cuda/primitives_cuda.cuh"
 #include "cuda/rmsnorm_kernel.h"
 
@@ -98,7 +98,7 @@ cudaError_t MaxDynamicShared(int* bytes) {
   return cudaSuccess;
 }
 
-// launcher.h's driver policy on the CUDA runtime.
+// launch_protocol.h's driver policy on the CUDA runtime.
 struct CudaDriver {
   int GetDevice(int* device) { return static_cast<int>(cudaGetDevice(device)); }
   int RaiseSharedLimit(const void* kernel, int bytes) {

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/launch_config.h"
+#include "cuda/launch_choice.h"
 
 #if defined(__CUDACC__)
 #define RMSNORM_DEVICE __device__ __forceinline__
@@ -341,7 +341,8 @@ RMSNORM_DEVICE void NormRows(const KernelArgs& a) {
       }
     };
     auto load_stored = [&](int v) { return fetch(v, true); };
-    auto load_again = [&](int v) { return fetch(v, false); };
+    // S, once stored, is read back (this thread stored it); S may be bound over X or skip
+    auto load_again = [&](int v) { return SKIP && s != nullptr ? P::Load(sv + v) : fetch(v, false); };
     auto load_cached = [&](int v) { return P::Load(cache + (v - reg_end)); };
     auto add_squares = [&](const V& r, int) { ss += SumSquares<P, T, VEC>(r); };
     // each thread parks its own vectors: no barrier between the passes
@@ -389,7 +390,11 @@ RMSNORM_DEVICE void NormRows(const KernelArgs& a) {
     // for it). A warp takes it when any of its rows needs it (its shuffles need every lane).
     const bool overflow = ss > 3.402823466e38f;  // +Inf; NaN (a NaN in the row) stays NaN
     if (kWarp ? P::AnySync(overflow) : overflow) {
-      RescaledRow<P, T, kWarp>(a, fetch_one, y, active ? cols : 0, rank, lanes, parity, ss);
+      auto again = [&](int col, bool) {
+        return SKIP && s != nullptr ? P::ToFloat(P::Load(s + col)) : fetch_one(col, false);
+      };
+      if (kWarp && SKIP && s != nullptr) P::SyncWarp();  // S of other lanes visible
+      RescaledRow<P, T, kWarp>(a, again, y, active ? cols : 0, rank, lanes, parity, ss);
       continue;
     }
 

@@ -1,9 +1,11 @@
+// What the op (cuda_op.cc) hands the CUDA launcher (rmsnorm.cu): the parameters of one launch and
+// the Launch function. Plain C++, so that the op's ORT code and nvcc's code meet here only.
 #pragma once
 #include <cstdint>
 
-namespace rmsnorm_onnx::cuda {
+#include "dtype.h"
 
-enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+namespace rmsnorm_onnx::cuda {
 
 // One RMSNorm or SkipRMSNorm launch over a [rows, cols] view of X (cols = prod(X.shape[axis:])).
 // SkipRMSNorm (skip != nullptr) normalizes S = X + skip, rounded to X's type, instead of X, and

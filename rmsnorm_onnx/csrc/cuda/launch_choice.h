@@ -1,10 +1,12 @@
-// Launch configuration of the CUDA RMSNorm / SkipRMSNorm kernels: one host-side function, shared
-// by the CUDA launcher (rmsnorm.cu) and the host emulation (emulated_api.cc), so that the emulated
+// Which kernel a launch of the CUDA RMSNorm / SkipRMSNorm gets, and with what shape (LaunchConfig,
+// ChooseLaunchConfig), and the checks of its Params (CheckParams): host-side functions shared by
+// the CUDA launcher (rmsnorm.cu) and the host emulation (emulated_api.cc), so that the emulated
 // tests run exactly the configurations a GPU would get. Plain C++: no CUDA header needed.
 #pragma once
 #include <cstdint>
 
-#include "cuda/launch.h"
+#include "buffer_overlap.h"
+#include "cuda/launch_params.h"
 
 namespace rmsnorm_onnx::cuda {
 
@@ -54,10 +56,6 @@ constexpr int kMaxGenericThreads = 512;  // Generic's runtime switches need more
 constexpr int kStaticSharedBytes = 4 * kWarpSize * 4;  // the block reductions' slot arrays
 constexpr int kDefaultSharedBytes = 48 * 1024 - kStaticSharedBytes;  // without opt-in
 constexpr int64_t kMaxGrid = 0x7fffffff;  // gridDim.x limit
-
-inline int ElementBytes(DType t) { return t == DType::kFloat32 ? 4 : 2; }
-
-inline bool IsDType(int t) { return t >= 0 && t <= 2; }
 
 inline uintptr_t Addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
@@ -176,6 +174,23 @@ inline const char* CheckParams(const Params& p) {
       return "rmsnorm_onnx CUDA: scale/bias is not aligned to its element size";
     if (q.inner < 1 || q.period < 1 || q.inner > p.cols || q.period > p.cols)
       return "rmsnorm_onnx CUDA: scale/bias broadcast (inner, period) must lie in [1, cols]";
+  }
+  // The op refuses these with the buffers' names (op_common.cc); a direct caller is told here.
+  const int64_t row_bytes = p.rows * p.cols * ElementBytes(p.x_type);
+  const BufferSpan spans[] = {
+      {"X", p.x, row_bytes, false, true},
+      {"skip", p.skip, p.skip_rows * p.cols * ElementBytes(p.x_type), false,
+       p.skip_rows == p.rows},
+      {"scale", p.scale, p.scale ? p.scale_period * ElementBytes(p.scale_type) : 0, false, false},
+      {"bias", p.bias, p.bias ? p.bias_period * ElementBytes(p.bias_type) : 0, false, false},
+      {"Y", p.y, row_bytes, true, true},
+      {"S", p.sum, row_bytes, true, true},
+  };
+  if (const ForbiddenOverlap f = FindForbiddenOverlap(spans)) {
+    if (f.other->output) return "rmsnorm_onnx CUDA: Y and S share memory";
+    if (!f.other->row_shaped)
+      return "rmsnorm_onnx CUDA: an output and scale, bias or a broadcast skip share memory";
+    return "rmsnorm_onnx CUDA: an output and part of X or skip share memory";
   }
   return nullptr;
 }

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/launch_config.h"
+#include "cuda/launch_choice.h"
 #include "cuda/rmsnorm_kernel.h"
 
 namespace rmsnorm_onnx::cuda {

@@ -1,0 +1,311 @@
+"""The kernel benchmark's measurement: per op, shape and dtype, every implementation on the same
+inputs, its answer checked, then timed in turns; beside them the memory ceiling.
+
+ORT sessions run through IO binding with preallocated inputs and outputs (on the GPU for CUDA), so
+allocation is not timed, with ``threads`` intra-op threads that sleep when idle. The ceiling
+(``stream_copy``) copies the same input buffers into the same output buffers on as many threads,
+just before the rounds. torch runs in a process of its own (``torch_worker``) after them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import RMSNormOnnxError, UsageError
+from . import check, models
+from .ops import ALL_IMPLS, CEILING, DTYPES, OPS, OURS, TORCH, Op
+from .stream_copy import StreamCopy
+from .timing import CallFailed, Timing, round_robin
+from .torch_worker import TorchProcess
+
+
+@dataclass(frozen=True)
+class Row:
+    """One implementation of one op timed on one shape and dtype."""
+
+    op: str  # "rmsnorm" or "skip" (ops.OPS)
+    impl: str
+    shape: tuple[int, ...]
+    dtype: str
+    provider: str  # "cpu" or "cuda"
+    threads: int
+    median_ms: float  # nan when not available
+    min_ms: float
+    gbps: float  # bytes moved (ops.Op.moved_bytes) per second of the median, 1e9
+    ratio: float  # this implementation's time / ours (> 1: ours is faster); nan when unknown
+    ceiling_gbps: float  # the stream copy of the same bytes on the same threads; nan: not measured
+    runs: int = 0
+    note: str = ""  # why an implementation is missing, a wrong answer, or remarks
+    correct: bool | None = None  # outputs matched the reference; None: not checked
+
+    @property
+    def available(self) -> bool:
+        return not math.isnan(self.median_ms)
+
+    @property
+    def nbytes(self) -> int:
+        return OPS[self.op].moved_bytes(self.shape, np.dtype(self.dtype).itemsize)
+
+    @property
+    def of_ceiling(self) -> float:
+        """This implementation's GB/s as a share of the memory ceiling's."""
+        return self.gbps / self.ceiling_gbps
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        d["of_ceiling"] = self.of_ceiling
+        return d
+
+
+def default_threads() -> int:
+    """One per physical core this process may run on (what onnxruntime picks by default)."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    cores, cpu = set(), None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            package = None
+            for line in f:
+                key, _, value = (p.strip() for p in line.partition(":"))
+                if key == "processor":
+                    cpu = int(value)
+                elif key == "physical id":
+                    package = value
+                elif key == "core id" and (cpus is None or cpu in cpus):
+                    cores.add((package, value))
+    except (OSError, ValueError):
+        pass
+    return len(cores) or (len(cpus) if cpus else os.cpu_count() or 1)
+
+
+def _ort_runner(
+    op: Op, impl: str, values: dict[str, Any], feeds: dict[str, np.ndarray], weight: np.ndarray,
+    provider: str, threads: int,
+) -> tuple[Callable[[], None], Callable[[], dict[str, np.ndarray]]]:  # fmt: skip
+    """(time one run, compute the outputs afresh by name for the check)."""
+    import onnxruntime as ort
+
+    from ..runtime import session
+
+    model, outputs = models.build(op, impl, str(weight.dtype), tuple(feeds["x"].shape), weight)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    # Sessions take turns: idle pool threads spinning would steal the next session's cores.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # session() registers our library (unused by the other models) and refuses ORT's fall back
+    # from CUDA to the CPU
+    sess = session(model, providers=(provider,), options=opts)
+    binding = sess.io_binding()
+    for name in op.inputs:
+        binding.bind_ortvalue_input(name, values[name])
+    for name in outputs:
+        binding.bind_ortvalue_output(name, values[name])
+
+    def outputs_now() -> dict[str, np.ndarray]:
+        return dict(zip(outputs, sess.run(list(outputs), feeds), strict=True))
+
+    return lambda: sess.run_with_iobinding(binding), outputs_now
+
+
+def _validate(ops: list[str], impls: list[str] | None, dtypes: list[str], provider: str) -> None:
+    if provider not in ("cpu", "cuda"):
+        raise UsageError(f"provider must be 'cpu' or 'cuda', got {provider!r}")
+    if unknown_ops := sorted(set(ops) - set(OPS)):
+        raise UsageError(f"unknown ops {unknown_ops}; known: {', '.join(OPS)}")
+    if impls is not None:
+        if unknown := sorted(set(impls) - set(ALL_IMPLS)):
+            raise UsageError(f"unknown implementations {unknown}; known: {', '.join(ALL_IMPLS)}")
+        if idle := [i for i in impls if not any(i in OPS[o].impl_names for o in ops)]:
+            raise UsageError(f"implementations {idle} are not ones of the ops {', '.join(ops)}")
+    for dtype in dtypes:
+        if dtype not in DTYPES:
+            raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if provider == "cuda":
+        from ..runtime import cuda_unavailable_reason
+
+        if reason := cuda_unavailable_reason():
+            raise RMSNormOnnxError(f"cannot benchmark on CUDA here: {reason}")
+
+
+def run(
+    shapes: Iterable[Sequence[int]] | None = None,
+    dtypes: Iterable[str] = DTYPES,
+    provider: str = "cpu",
+    *,
+    ops: Iterable[str] = ("rmsnorm",),
+    repeat: int = 20,
+    impls: Iterable[str] | None = None,
+    threads: int | None = None,
+    budget_s: float = 1.5,
+    check: bool = True,
+    progress: Callable[[str], None] | None = None,
+    seed: int = 0,
+) -> list[Row]:
+    """Time every implementation of every op on every shape and dtype; rows in (op, shape,
+    dtype, impl) order.
+
+    ``shapes``: None for each op's default shapes. ``impls``: the implementations to time
+    besides ours (None: all; each op takes the ones it has). For one shape and dtype all ORT
+    implementations and the ceiling share the input and output buffers and are timed in turns.
+    ``repeat`` caps the timed runs, ``budget_s`` bounds the time per implementation (at least 3
+    runs). ``threads``: ORT's intra-op threads, torch's and the ceiling copy's (default: one per
+    physical core). ``check`` compares each one's outputs with the reference first. An
+    implementation that cannot run (not in this onnxruntime, no torch, no such dtype) gives a
+    row with NaN times and a note why.
+    """
+    provider = provider.lower()
+    ops = list(dict.fromkeys(ops))
+    impls = None if impls is None else list(impls)
+    dtypes = list(dtypes)
+    _validate(ops, impls, dtypes, provider)
+    threads = threads or default_threads()
+    rows: list[Row] = []
+    with TorchProcess(threads) as torch_process:
+        for op in (OPS[o] for o in ops):
+            chosen = op.impl_names if impls is None else [i for i in impls if i in op.impl_names]
+            for shape in op.shapes if shapes is None else shapes:
+                shape = tuple(int(d) for d in shape)
+                for dtype in dtypes:
+                    if progress:
+                        progress(f"{op.name} {'x'.join(map(str, shape))} {dtype} on {provider}")
+                    measurement = _Measurement(op, shape, dtype, provider, threads, seed)
+                    rows += measurement.rows(
+                        list(dict.fromkeys([OURS, *chosen])),
+                        torch_process,
+                        repeat=repeat,
+                        budget_s=budget_s,
+                        checking=check,
+                    )
+    return rows
+
+
+class _Measurement:
+    """One op, shape and dtype: its buffers, the runners over them, and the rows they give."""
+
+    def __init__(
+        self, op: Op, shape: tuple[int, ...], dtype: str, provider: str, threads: int, seed: int
+    ) -> None:
+        import onnxruntime as ort
+
+        self.op, self.shape, self.dtype, self.provider = op, shape, dtype, provider
+        self.threads, self.seed = threads, seed
+        self.feeds, self.weight = check.make_inputs(op, shape, dtype, seed)
+        device = "cuda" if provider == "cuda" else "cpu"
+        self.values = {
+            n: ort.OrtValue.ortvalue_from_numpy(v, device, 0) for n, v in self.feeds.items()
+        }
+        for name in op.outputs:
+            self.values[name] = ort.OrtValue.ortvalue_from_shape_and_type(
+                shape, np.dtype(dtype), device, 0
+            )
+        self.notes: dict[str, str] = {}
+        self.correct: dict[str, bool] = {}
+
+    def _ceiling(self) -> StreamCopy | None:
+        if self.provider != "cpu":
+            self.notes[CEILING] = "memory ceiling measured on the CPU only"
+            return None
+        try:
+            return StreamCopy(
+                [self.values[n].data_ptr() for n in self.op.inputs],
+                [self.values[n].data_ptr() for n in self.op.outputs],
+                math.prod(self.shape) * np.dtype(self.dtype).itemsize,
+                self.threads,
+            )
+        except RMSNormOnnxError as e:
+            self.notes[CEILING] = f"no memory ceiling: {e}"
+            return None
+
+    def _runners(self, impls: list[str], checking: bool) -> dict[str, Callable[[], object]]:
+        rows = check.sample_rows(math.prod(self.shape[:-1]))
+        runners: dict[str, Callable[[], object]] = {}
+        for impl in impls:
+            try:
+                go, outputs_now = _ort_runner(
+                    self.op, impl, self.values, self.feeds, self.weight, self.provider,
+                    self.threads,
+                )  # fmt: skip
+                if checking:
+                    want = check.expected(self.op, impl, self.feeds, self.weight, rows)
+                    wrong = check.mismatch(outputs_now(), want, rows, self.dtype)
+                    self.correct[impl] = not wrong
+                    if wrong:
+                        self.notes[impl] = wrong
+                runners[impl] = go
+            except Exception as e:  # not in this onnxruntime, unsupported dtype
+                self.notes[impl] = check.unavailable(e)
+        return runners
+
+    def rows(
+        self,
+        impls: list[str],
+        torch_process: TorchProcess,
+        *,
+        repeat: int,
+        budget_s: float,
+        checking: bool,
+    ) -> list[Row]:
+        runners = self._runners([i for i in impls if i != TORCH], checking)
+        times: dict[str, list[float]] = {}
+        if ceiling := self._ceiling():
+            # a block of its own before the rounds: interleaved, the copy's threads leave the
+            # outputs' lines in other cores' caches and slowed the next implementation (ours at
+            # 8x4096 SkipRMSNorm 0.017 -> 0.027 ms); the rounds' warm-up absorbs that here
+            times[CEILING] = ceiling.timed(repeat=repeat, budget_s=budget_s)
+        while runners:  # one that fails while timed gets the reason; the others are timed again
+            try:
+                times |= round_robin(runners, repeat=repeat, budget_s=budget_s * len(runners))
+                break
+            except CallFailed as failed:
+                self.notes[failed.name] = check.unavailable(failed.error)
+                del runners[failed.name]
+        runners.clear()
+        if TORCH in impls:
+            got = torch_process.measure(
+                self.op, self.shape, self.dtype, self.provider, seed=self.seed, repeat=repeat,
+                budget_s=budget_s, check=checking,
+            )  # fmt: skip
+            if got.seconds:
+                times[TORCH] = list(got.seconds)
+            if got.correct is not None:
+                self.correct[TORCH] = got.correct
+            if got.note:
+                self.notes[TORCH] = got.note
+        return self._rows(impls, times)
+
+    def _rows(self, impls: list[str], times: dict[str, list[float]]) -> list[Row]:
+        itemsize = np.dtype(self.dtype).itemsize
+        ceiling = Timing.of(times.get(CEILING, []))
+        ceiling_gbps = self.op.copied_bytes(self.shape, itemsize) / (ceiling.median_ms * 1e6)
+        ours = Timing.of(times.get(OURS, []))
+        rows = []
+        for impl in impls:
+            t = Timing.of(times.get(impl, []))
+            note = self.notes.get(impl, "" if t.runs else "not timed")
+            if impl == OURS and CEILING in self.notes:
+                note = "; ".join(n for n in (note, self.notes[CEILING]) if n)
+            rows.append(
+                Row(
+                    op=self.op.name,
+                    impl=impl,
+                    shape=self.shape,
+                    dtype=self.dtype,
+                    provider=self.provider,
+                    threads=self.threads,
+                    median_ms=t.median_ms,
+                    min_ms=t.min_ms,
+                    gbps=self.op.moved_bytes(self.shape, itemsize) / (t.median_ms * 1e6),
+                    ratio=t.median_ms / ours.median_ms,
+                    ceiling_gbps=ceiling_gbps,
+                    runs=t.runs,
+                    note=note,
+                    correct=self.correct.get(impl),
+                )
+            )
+        return rows

@@ -1,0 +1,109 @@
+"""The memory ceiling: a plain streaming copy of the bytes an op moves, on the benchmark's threads.
+
+Measured the way STREAM measures its Copy (``csrc/stream_copy.cc``, loaded through ctypes from
+``librmsnorm_onnx_stream_copy``, built and installed beside the custom-op library): each thread
+copies its share of every input into an output, all threads start together and the time runs
+until the last is done, timed inside the library (no Python or ORT call in it). The copy uses
+plain stores or stores that bypass the caches, whichever is faster for the size: the ceiling is
+the best a copy does, so an op cannot beat it by the choice of stores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import RMSNormOnnxError
+
+LIBRARY_ENV = "RMSNORM_ONNX_STREAM_COPY_LIBRARY"
+_NAMES = {
+    "linux": "librmsnorm_onnx_stream_copy.so",
+    "darwin": "librmsnorm_onnx_stream_copy.dylib",
+    "win32": "rmsnorm_onnx_stream_copy.dll",
+}
+_NAME = _NAMES.get(sys.platform, _NAMES["linux"])
+_ERRORS = {1: "bad arguments", 2: "a thread could not be started"}
+
+
+def library_path() -> str:
+    """``$RMSNORM_ONNX_STREAM_COPY_LIBRARY``, else beside the custom-op library, else in the
+    package."""
+    if env := os.environ.get(LIBRARY_ENV):
+        if not Path(env).is_file():
+            raise RMSNormOnnxError(f"{LIBRARY_ENV}={env}: no such file")
+        return str(Path(env).resolve())
+    from ..runtime import library_path as ops_library
+
+    places = [Path(__file__).resolve().parents[1]]
+    with contextlib.suppress(RMSNormOnnxError):  # not built: look in the package only
+        places.insert(0, Path(ops_library()).parent)
+    for folder in places:
+        if (folder / _NAME).is_file():
+            return str(folder / _NAME)
+    raise RMSNormOnnxError(
+        f"{_NAME} is not built (looked in {', '.join(map(str, dict.fromkeys(places)))}): it is "
+        f"built with the custom-op library (pip install, or CMake), or set {LIBRARY_ENV}"
+    )
+
+
+@functools.cache
+def _function() -> Any:
+    fn = ctypes.CDLL(library_path()).RmsnormOnnxStreamCopy
+    # (sources, destinations, pairs, bytes, threads, streaming, repeat, seconds) -> status
+    fn.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_int32,
+        ctypes.c_int64,
+        ctypes.c_int32,
+        ctypes.c_int32,
+        ctypes.c_int32,
+        ctypes.POINTER(ctypes.c_double),
+    ]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class StreamCopy:
+    """Copies ``sources[i]`` to ``destinations[i]`` (addresses of ``nbytes`` each, not
+    overlapping) on ``threads`` threads, with the faster kind of stores (chosen when made);
+    ``bytes_moved`` is what one copy reads and writes."""
+
+    def __init__(
+        self, sources: Sequence[int], destinations: Sequence[int], nbytes: int, threads: int
+    ) -> None:
+        if len(sources) != len(destinations) or not sources:
+            raise ValueError("one destination per source, at least one of each")
+        self._fn = _function()
+        self._src = (ctypes.c_void_p * len(sources))(*sources)
+        self._dst = (ctypes.c_void_p * len(destinations))(*destinations)
+        self.pairs, self.nbytes, self.threads = len(sources), nbytes, threads
+        self.bytes_moved = 2 * self.pairs * nbytes
+        self.streaming = self._faster_stores()
+
+    def seconds(self, *, streaming: bool, repeat: int = 1) -> list[float]:
+        out = (ctypes.c_double * repeat)()
+        status = self._fn(
+            self._src, self._dst, self.pairs, self.nbytes, self.threads, int(streaming), repeat, out
+        )
+        if status:
+            raise RMSNormOnnxError(f"stream copy failed: {_ERRORS.get(status, status)}")
+        return list(out)
+
+    def _faster_stores(self) -> bool:
+        plain = statistics.median(self.seconds(streaming=False, repeat=3))
+        streamed = statistics.median(self.seconds(streaming=True, repeat=3))
+        self._estimate = min(plain, streamed)
+        return streamed < plain
+
+    def timed(self, *, repeat: int, budget_s: float) -> list[float]:
+        """Seconds of each of up to ``repeat`` copies (at least 3) in about ``budget_s``."""
+        runs = max(3, min(repeat, int(budget_s / max(self._estimate, 1e-9))))
+        return self.seconds(streaming=self.streaming, repeat=runs)

@@ -1,0 +1,623 @@
+"""Reading a value as a product of powers: how the raise stage recognises RMSNorm by its algebra.
+
+``read(v)`` walks back from ``v`` through the ops that multiply, divide and take powers (Mul, Div,
+Pow, Sqrt, Reciprocal, same-value Cast/CastLike/Identity) and through the ways of taking a mean
+of squares (ReduceMean/ReduceSum of a square, ReduceSumSquare, ReduceL2, GlobalAveragePool,
+LpNormalization), folding scalar constants as it goes. The result is ``coef · Π termᵉ`` where a
+term is an opaque value (x, a scale), the mean of squares ``ms(x)`` over trailing axes, or
+``ms(x) + ε`` / ``√ms(x) + ε``. Whatever the spelling, an RMSNorm reads as
+
+    x · (ms(x) + ε)^(-1/2) · scale          or          x · (√ms(x) + ε)^(-1) · scale
+
+with coefficient 1 (:mod:`.recognise` decides that). Nothing here reads a weight: only scalars
+and small constants are looked at. Where the walk meets something that cannot be part of an exact
+RMSNorm (Q/DQ inside the chain, a centred mean, an axis that is not trailing, ε that is not a
+constant), it returns a :class:`Miss` with the reason in words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from fractions import Fraction
+
+import numpy as np
+import onnx_ir as ir
+
+from .values import FLOAT_TYPES, constant_array, rank, scalar
+
+# the opset at which each reduction's axes moved from an attribute to an input
+AXES_INPUT_SINCE = {"ReduceSum": 13}
+AXES_INPUT_DEFAULT = 18
+STATISTIC_OPS = frozenset(
+    {
+        "ReduceMean",
+        "ReduceSum",
+        "ReduceSumSquare",
+        "ReduceL2",
+        "GlobalAveragePool",
+        "LpNormalization",
+    }
+)
+_PRECISION = {ir.DataType.FLOAT16: 1, ir.DataType.BFLOAT16: 1, ir.DataType.FLOAT: 2}
+_PRECISION[ir.DataType.DOUBLE] = 3
+_MAX_DEPTH = 64  # read recursion: a norm is a handful of ops; deeper chains are something else
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MeanSquare:
+    """mean(x², over axes [axis, rank)); ``axis`` negative, or 0 for every axis."""
+
+    x: ir.Value
+    axis: int
+    node: ir.Node  # the statistic that takes it
+
+    def key(self) -> tuple[object, ...]:
+        return ("ms", id(root(self.x)), self.axis)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Shifted:
+    """``ms + eps`` (inside the root) or ``sqrt(ms) + eps`` (``outside``)."""
+
+    ms: MeanSquare
+    eps: float
+    outside: bool
+
+    def key(self) -> tuple[object, ...]:
+        return ("shift", *self.ms.key(), self.eps, self.outside)
+
+
+Term = ir.Value | MeanSquare | Shifted
+
+
+def term_key(term: Term) -> tuple[object, ...]:
+    return ("leaf", id(term)) if isinstance(term, ir.Value) else term.key()
+
+
+@dataclasses.dataclass
+class Product:
+    """coef · Π termᵉ, with what it took to read it."""
+
+    coef: float = 1.0
+    powers: dict[tuple[object, ...], tuple[Term, Fraction]] = dataclasses.field(
+        default_factory=dict
+    )
+    interior: dict[ir.Node, None] = dataclasses.field(default_factory=dict)  # nodes expanded
+    const_ndim: int = 0  # most dims of a folded constant (it could broadcast x up)
+    narrowest: int = 9  # lowest float precision a Cast inside the chain rounds to
+    spelling: dict[str, str] = dataclasses.field(default_factory=dict)  # for the report's label
+
+    @staticmethod
+    def leaf(value: ir.Value) -> Product:
+        return Product(powers={term_key(value): (value, Fraction(1))})
+
+    @property
+    def constant(self) -> bool:
+        return not self.powers
+
+    def times(self, other: Product, exponent: Fraction = Fraction(1)) -> Product:
+        out = self.copy()
+        out.coef *= other.coef ** float(exponent)
+        for key, (term, e) in other.powers.items():
+            old = out.powers.get(key, (term, Fraction(0)))[1]
+            if old + e * exponent == 0:
+                out.powers.pop(key, None)
+            else:
+                out.powers[key] = (term, old + e * exponent)
+        out.interior.update(other.interior)
+        out.const_ndim = max(out.const_ndim, other.const_ndim)
+        out.narrowest = min(out.narrowest, other.narrowest)
+        for k, v in other.spelling.items():
+            out.spelling.setdefault(k, v)
+        return out
+
+    def power(self, exponent: Fraction) -> Product:
+        return Product(interior=dict(self.interior)).times(self, exponent)
+
+    def copy(self) -> Product:
+        return dataclasses.replace(
+            self,
+            powers=dict(self.powers),
+            interior=dict(self.interior),
+            spelling=dict(self.spelling),
+        )
+
+    def terms(self) -> list[tuple[Term, Fraction]]:
+        return list(self.powers.values())
+
+    def statistic(self) -> list[tuple[MeanSquare | Shifted, Fraction]]:
+        return [(t, e) for t, e in self.terms() if not isinstance(t, ir.Value)]
+
+    def leaves(self) -> list[tuple[ir.Value, Fraction]]:
+        return [(t, e) for t, e in self.terms() if isinstance(t, ir.Value)]
+
+
+@dataclasses.dataclass
+class Miss:
+    """Why a value cannot be part of an exact RMSNorm, and where that was seen."""
+
+    reason: str
+    node: ir.Node | None = None
+
+
+def root(value: ir.Value) -> ir.Value:
+    """The value under Identity and exact (widening or same-type) float Casts."""
+    seen = 0
+    while seen < _MAX_DEPTH:
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
+            return value
+        inner = node.inputs[0]
+        if inner is None:
+            return value
+        if node.op_type == "Identity" or (
+            node.op_type in ("Cast", "CastLike") and exact(inner, value)
+        ):
+            value, seen = inner, seen + 1
+            continue
+        return value
+    return value
+
+
+def chain(value: ir.Value) -> list[ir.Value]:
+    """``value`` and each value under it down to :func:`root`, outermost first."""
+    out = [value]
+    while out[-1] is not root(out[-1]):
+        node = out[-1].producer()
+        out.append(node.inputs[0])
+    return out
+
+
+def exact(src: ir.Value, dst: ir.Value) -> bool:
+    """A Cast from ``src``'s type to ``dst``'s that changes no value (same type, or wider)."""
+    a, b = src.dtype, dst.dtype
+    if a is None or b is None or a not in _PRECISION or b not in _PRECISION:
+        return False
+    if a == b:
+        return True
+    return _PRECISION[b] > _PRECISION[a]
+
+
+def precision(dtype: ir.DataType | None) -> int:
+    return _PRECISION.get(dtype, 0) if dtype is not None else 0
+
+
+class Reader:
+    """Reads values of one model as products; ``opset`` is the default-domain opset in force."""
+
+    def __init__(self, opset: int) -> None:
+        self.opset = opset
+        self._memo: dict[int, Product | Miss | None] = {}
+
+    def forget(self) -> None:
+        self._memo.clear()
+
+    def read(self, value: ir.Value, depth: int = 0) -> Product | Miss:
+        key = id(value)
+        cached = self._memo.get(key)
+        if cached is not None:
+            return cached
+        result = self._read(value, depth)
+        self._memo[key] = result
+        return result
+
+    def _read(self, value: ir.Value, depth: int) -> Product | Miss:
+        const = constant_array(value, max_size=1)
+        if const is not None and const.size == 1 and _is_number(const):
+            number = float(const.reshape(()).astype(np.float64))
+            return Product(coef=number, const_ndim=const.ndim)
+        node = value.producer()
+        if node is None or depth > _MAX_DEPTH or node.domain not in ("", "ai.onnx"):
+            return Product.leaf(value)
+        handler = getattr(self, f"_op_{node.op_type}", None)
+        if handler is None:
+            return self._opaque(node, value, depth)
+        result = handler(node, value, depth + 1)
+        if isinstance(result, Product) and _shared(value) and _linear(result):
+            # read elsewhere too (Gemma's scaled embedding, a gated input): this value is the x
+            # a norm normalizes, not a factor of it
+            return Product.leaf(value)
+        expanded = isinstance(result, Product) and not result.constant
+        if expanded and result.powers.get(term_key(value)) is None:  # the node is inside
+            result = result.copy()
+            result.interior[node] = None
+        return result
+
+    # -- an op the algebra does not expand: a leaf, unless it swallows part of a norm
+    def _opaque(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        if node.op_type in ("DequantizeLinear", "QuantizeLinear"):
+            inner = self._through_qdq(node, depth)
+            if inner is not None:
+                return inner
+        return Product.leaf(value)
+
+    def _through_qdq(self, node: ir.Node, depth: int) -> Miss | None:
+        """Q/DQ around an intermediate of a norm rounds it: not an exact RMSNorm."""
+        for _ in range(4):
+            if node is None or node.op_type not in ("DequantizeLinear", "QuantizeLinear"):
+                break
+            inner = node.inputs[0]
+            if inner is None:
+                return None
+            read = self.read(inner, depth + 1)
+            if isinstance(read, Miss):
+                return read if "Quantize" in read.reason else None
+            if read.statistic() or any(e != 1 for _, e in read.leaves()):
+                return Miss(
+                    "QuantizeLinear/DequantizeLinear inside the chain round an intermediate "
+                    f"('{inner.name}'): not an exact RMSNorm",
+                    node,
+                )
+            node = inner.producer()
+        return None
+
+    def _leaf_unless_part(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        """An op that is no product (Sub, Neg, Abs...): a leaf, or a miss if it takes the mean."""
+        for inp in node.inputs:
+            if inp is None:
+                continue
+            read = self.read(inp, depth)
+            if isinstance(read, Miss):
+                return read
+            if read.statistic():
+                return Miss(
+                    f"not an RMSNorm chain: {node.op_type} '{node.name}' applied to the mean",
+                    node,
+                )
+        return Product.leaf(value)
+
+    _op_Sub = _op_Neg = _op_Abs = _op_Max = _op_Min = _op_Clip = _leaf_unless_part
+
+    def _op_Identity(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        inner = self.read(node.inputs[0], depth)
+        return Product.leaf(value) if _is_plain_leaf(inner) else inner
+
+    def _op_Cast(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        src = node.inputs[0]
+        if src is None or value.dtype not in _PRECISION or src.dtype not in _PRECISION:
+            return Product.leaf(value)
+        inner = self.read(src, depth)
+        if isinstance(inner, Miss) or _is_plain_leaf(inner) or inner.constant:
+            return Product.leaf(value) if _is_plain_leaf(inner) else inner
+        out = inner.copy()
+        out.narrowest = min(out.narrowest, precision(value.dtype))
+        if not exact(src, value) and precision(value.dtype) == precision(src.dtype):
+            out.narrowest = 0  # float16 <-> bfloat16: rounds both ways
+        return out
+
+    def _op_CastLike(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        return self._op_Cast(node, value, depth)
+
+    def _op_Mul(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        a, b = (self.read(i, depth) for i in node.inputs[:2])
+        if isinstance(a, Miss):
+            return a
+        if isinstance(b, Miss):
+            return b
+        if a.constant and b.constant:
+            return Product(coef=a.coef * b.coef, const_ndim=max(a.const_ndim, b.const_ndim))
+        return a.times(b)
+
+    def _op_Div(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        a, b = (self.read(i, depth) for i in node.inputs[:2])
+        if isinstance(a, Miss):
+            return a
+        if isinstance(b, Miss):
+            return b
+        if b.constant and b.coef == 0:
+            return Product.leaf(value)
+        out = a.times(b, Fraction(-1))
+        if b.statistic() and not a.statistic():
+            out.spelling.setdefault("root", "div-one" if a.constant else "div")
+        return out
+
+    def _op_Reciprocal(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        inner = self.read(node.inputs[0], depth)
+        if isinstance(inner, Miss):
+            return inner
+        if inner.constant and inner.coef == 0:
+            return Product.leaf(value)
+        out = inner.power(Fraction(-1))
+        out.spelling.setdefault("root", "reciprocal")
+        return out
+
+    def _op_Sqrt(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        inner = self.read(node.inputs[0], depth)
+        if isinstance(inner, Miss):
+            return inner
+        if inner.coef < 0:
+            return Product.leaf(value)
+        return inner.power(Fraction(1, 2))
+
+    def _op_Pow(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        base = self.read(node.inputs[0], depth)
+        if isinstance(base, Miss):
+            return base
+        e = scalar(node.inputs[1]) if len(node.inputs) > 1 else None
+        if e is None or not math.isfinite(e):
+            if base.statistic():
+                return Miss("the exponent of Pow of the mean is not a constant scalar", node)
+            return Product.leaf(value)
+        exponent = Fraction(e).limit_denominator(64)
+        if abs(float(exponent) - e) > 1e-9 or (base.coef < 0 and exponent.denominator != 1):
+            return Product.leaf(value)
+        out = base.power(exponent)
+        ndim = np.asarray(constant_array(node.inputs[1], max_size=1)).ndim
+        out.const_ndim = max(out.const_ndim, ndim)
+        if exponent < 0 and base.statistic():
+            out.spelling.setdefault("root", "pow-half")
+        return out
+
+    def _op_Add(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        if len(node.inputs) < 2 or None in node.inputs[:2]:
+            return Product.leaf(value)
+        a, b = (self.read(i, depth) for i in node.inputs[:2])
+        for r in (a, b):
+            if isinstance(r, Miss):
+                return r
+        if a.constant and b.constant:
+            return Product(coef=a.coef + b.coef, const_ndim=max(a.const_ndim, b.const_ndim))
+        for stat, eps, eps_value in ((a, b, node.inputs[1]), (b, a, node.inputs[0])):
+            shifted = _shift(stat, eps, eps_value, node)
+            if shifted is not None:
+                return shifted
+        return Product.leaf(value)
+
+    # -- the statistics: means of squares
+    def _square_of(self, node: ir.Node, depth: int) -> tuple[ir.Value, float] | Miss | None:
+        """(y, c) when the node's input reads as c·y², a Miss for a near miss, else None."""
+        read = self.read(node.inputs[0], depth) if node.inputs and node.inputs[0] else None
+        if read is None:
+            return None
+        if isinstance(read, Miss):
+            return read
+        leaves = read.leaves()
+        if read.statistic() or len(leaves) != 1 or read.coef <= 0:
+            return None
+        y, e = leaves[0]
+        if e == 1:
+            return None  # a plain mean (LayerNorm's first half, pooling): not a candidate
+        if e != 2:
+            return Miss(f"the exponent is {float(e):g}, not 2", node)
+        if _centered(root(y)):
+            return Miss("a LayerNorm (x minus its own mean): left for LayerNormalization", node)
+        return y, read.coef
+
+    def _statistic(
+        self, node: ir.Node, y: ir.Value, coef: float, value: ir.Value, how: str, square: Product
+    ) -> Product | Miss:
+        axis = self.axis_of(node, y)
+        if isinstance(axis, Miss):
+            return axis
+        out = Product(coef=coef, const_ndim=square.const_ndim, narrowest=square.narrowest)
+        out.interior.update(square.interior)
+        out.spelling.update(square.spelling)
+        out.spelling.setdefault("mean", how)
+        ms = MeanSquare(y, axis, node)
+        out.powers[term_key(ms)] = (ms, Fraction(1))
+        return out
+
+    def _op_ReduceMean(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        return self._reduce_square(node, value, depth, count=False)
+
+    def _op_ReduceSum(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        return self._reduce_square(node, value, depth, count=True)
+
+    def _reduce_square(self, node: ir.Node, value: ir.Value, depth: int, count: bool):
+        found = self._square_of(node, depth)
+        if found is None:
+            return Product.leaf(value)
+        if isinstance(found, Miss):
+            return found
+        y, coef = found
+        square = _with_square(self.read(node.inputs[0], depth), node.inputs[0])
+        if count:
+            n = self.count(node, y)
+            if isinstance(n, Miss):
+                return n
+            coef *= n
+        return self._statistic(node, y, coef, value, "ReduceSum" if count else "ReduceMean", square)
+
+    def _op_GlobalAveragePool(self, node: ir.Node, value: ir.Value, depth: int):
+        found = self._square_of(node, depth)
+        if found is None or isinstance(found, Miss):
+            return Product.leaf(value) if found is None else found
+        y, coef = found
+        r = rank(y)
+        if r is None or r < 3:
+            return Miss("GlobalAveragePool of a square whose rank is unknown or below 3", node)
+        square = _with_square(self.read(node.inputs[0], depth), node.inputs[0])
+        out = Product(coef=coef, const_ndim=square.const_ndim, narrowest=square.narrowest)
+        out.interior.update(square.interior)
+        out.spelling.update(square.spelling)
+        out.spelling.setdefault("mean", "GlobalAveragePool")
+        ms = MeanSquare(y, 2 - r, node)
+        out.powers[term_key(ms)] = (ms, Fraction(1))
+        return out
+
+    def _linear_of(self, node: ir.Node, depth: int) -> tuple[ir.Value, float, Product] | None:
+        read = self.read(node.inputs[0], depth) if node.inputs and node.inputs[0] else None
+        if not isinstance(read, Product) or read.statistic() or len(read.leaves()) != 1:
+            return None
+        y, e = read.leaves()[0]
+        return (y, read.coef, read) if e == 1 else None
+
+    def _op_ReduceSumSquare(self, node: ir.Node, value: ir.Value, depth: int):
+        found = self._linear_of(node, depth)
+        if found is None:
+            return Product.leaf(value)
+        y, c, read = found
+        n = self.count(node, y)
+        if isinstance(n, Miss):
+            return n
+        read = read.copy()
+        read.spelling.setdefault("square", "ReduceSumSquare")
+        return self._statistic(node, y, c * c * n, value, "ReduceSumSquare", read)
+
+    def _op_ReduceL2(self, node: ir.Node, value: ir.Value, depth: int):
+        found = self._linear_of(node, depth)
+        if found is None:
+            return Product.leaf(value)
+        y, c, read = found
+        n = self.count(node, y)
+        if isinstance(n, Miss):
+            return n
+        read = read.copy()
+        read.spelling.setdefault("square", "ReduceL2")
+        total = self._statistic(node, y, c * c * n, value, "ReduceL2", read)
+        return total if isinstance(total, Miss) else total.power(Fraction(1, 2))
+
+    def _op_LpNormalization(self, node: ir.Node, value: ir.Value, depth: int):
+        found = self._linear_of(node, depth)
+        if found is None:
+            return Product.leaf(value)
+        y, c, read = found
+        if node.attributes.get_int("p", 2) != 2:
+            return Miss("LpNormalization with p other than 2 is not a root mean square", node)
+        axis = node.attributes.get_int("axis", -1)
+        r = rank(y)
+        if axis != -1 and (r is None or axis != r - 1):
+            return Miss(f"LpNormalization over axis {axis}: not the last axis", node)
+        n = _static_count(y, -1)
+        if n is None:
+            return Miss("LpNormalization over an axis of unknown size: N is not known", node)
+        ms = MeanSquare(y, -1, node)
+        out = Product(coef=(1.0 if c > 0 else -1.0) / math.sqrt(n), narrowest=read.narrowest)
+        out.interior.update(read.interior)
+        out.spelling.update({"square": "LpNormalization", "mean": "LpNormalization"})
+        out.spelling.setdefault("root", "LpNormalization")
+        out.powers[term_key(y)] = (y, Fraction(1))
+        out.powers[term_key(ms)] = (ms, Fraction(-1, 2))
+        return out
+
+    # -- axes
+    def axis_of(self, node: ir.Node, x: ir.Value) -> int | Miss:
+        """The first normalized axis of a reduction over trailing axes, or a Miss."""
+        op = node.op_type
+        if node.attributes.get_int("keepdims", 1) != 1:
+            return Miss(
+                f"{op} with keepdims=0 does not broadcast back over the normalized axes", node
+            )
+        axes: list[int] | None
+        if self.opset >= AXES_INPUT_SINCE.get(op, AXES_INPUT_DEFAULT):
+            axes_value = node.inputs[1] if len(node.inputs) > 1 else None
+            if axes_value is None:
+                axes = None
+            else:
+                array = constant_array(axes_value)
+                if array is None:
+                    return Miss(f"{op} axes are not a constant", node)
+                axes = [int(a) for a in array.reshape(-1)]
+            if not axes:
+                if node.attributes.get_int("noop_with_empty_axes", 0):
+                    return Miss(f"{op} without axes and noop_with_empty_axes=1 is not a mean", node)
+                axes = None
+        else:
+            attr = node.attributes.get_ints("axes", None)
+            axes = list(attr) if attr else None
+        if axes is None:
+            return 0  # every axis: axis 0 normalizes [0, rank) whatever the rank
+        x_rank = rank(x)
+        if any(a >= 0 for a in axes):
+            if x_rank is None:
+                return Miss(f"{op} axes {axes} are positive and the input's rank is unknown", node)
+            axes = [a - x_rank if a >= 0 else a for a in axes]
+        if x_rank is not None and any(a < -x_rank for a in axes):
+            return Miss(f"{op} axes {axes} are out of range for rank {x_rank}", node)
+        wanted = list(range(-len(set(axes)), 0))
+        if sorted(set(axes)) != wanted or len(set(axes)) != len(axes):
+            return Miss(f"{op} over axes {axes}: not the trailing axes", node)
+        return wanted[0]
+
+    def count(self, node: ir.Node, x: ir.Value) -> float | Miss:
+        """N, the number of elements a sum over the node's axes adds (static dims only)."""
+        axis = self.axis_of(node, x)
+        if isinstance(axis, Miss):
+            return axis
+        n = _static_count(x, axis)
+        if n is None:
+            return Miss(f"{node.op_type} over dims of unknown size: the count N is not known", node)
+        return float(n)
+
+
+def _static_count(x: ir.Value, axis: int) -> int | None:
+    if x.shape is None:
+        return None
+    dims = list(x.shape)[axis:] if axis < 0 else list(x.shape)
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    return int(np.prod(dims)) if dims else 1
+
+
+def _shift(
+    stat: Product, eps: Product, eps_value: ir.Value, node: ir.Node
+) -> Product | Miss | None:
+    """stat + eps as c·(ms + eps/c) or c·(√ms + eps/c), when stat is c·ms or c·√ms."""
+    terms = stat.terms()
+    if len(terms) != 1 or not isinstance(terms[0][0], MeanSquare) or stat.coef <= 0:
+        return None
+    ms, e = terms[0]
+    if e not in (1, Fraction(1, 2)):
+        return None
+    if not eps.constant:
+        return Miss(f"epsilon is not a constant scalar ('{eps_value.name}')", node)
+    value = eps.coef / stat.coef
+    if not math.isfinite(value) or value < 0:
+        return Miss(f"epsilon {eps.coef:g} is not a non-negative number", node)
+    out = stat.times(eps, Fraction(0))  # the bookkeeping of both sides, no factor of eps
+    out.powers.clear()
+    shifted = Shifted(ms, value, outside=e != 1)
+    out.powers[term_key(shifted)] = (shifted, Fraction(1))
+    out.const_ndim = max(stat.const_ndim, eps.const_ndim)
+    return out
+
+
+def _with_square(square: Product | Miss, value: ir.Value) -> Product:
+    assert isinstance(square, Product)  # _square_of read it already
+    node = value.producer()
+    out = square.copy()
+    out.spelling.setdefault(
+        "square", "pow" if node is not None and node.op_type == "Pow" else "mul"
+    )
+    return out
+
+
+def _shared(value: ir.Value) -> bool:
+    return value.is_graph_output() or len({id(n) for n in value.consumers()}) > 1
+
+
+def _linear(read: Product) -> bool:
+    """A product of plain factors (no statistic, every exponent 1), constants aside."""
+    return not read.constant and all(isinstance(t, ir.Value) and e == 1 for t, e in read.terms())
+
+
+def _is_plain_leaf(read: Product | Miss) -> bool:
+    return (
+        isinstance(read, Product)
+        and read.coef == 1
+        and len(read.powers) == 1
+        and isinstance(read.terms()[0][0], ir.Value)
+        and read.terms()[0][1] == 1
+    )
+
+
+def _is_number(array: np.ndarray) -> bool:
+    return array.dtype.kind in "fiu" or array.dtype.name in ("bfloat16", "float16")
+
+
+def _centered(x: ir.Value) -> bool:
+    """x = a - ReduceMean(a): the variance half of a decomposed LayerNorm."""
+    sub = x.producer()
+    if sub is None or sub.op_type != "Sub" or sub.domain not in ("", "ai.onnx"):
+        return False
+    mean = sub.inputs[1].producer() if sub.inputs[1] is not None else None
+    return (
+        mean is not None
+        and mean.op_type in ("ReduceMean", "GlobalAveragePool")
+        and root(mean.inputs[0]) is root(sub.inputs[0])
+    )
+
+
+def is_float(value: ir.Value) -> bool:
+    return value.dtype in FLOAT_TYPES

@@ -1,0 +1,359 @@
+"""Proving two dims of a graph equal from how the graph computes them, where their shapes name
+them differently (``[b, seq, 64]`` and ``[b, unk__80, 64]``).
+
+A dim's tokens are names of its value: an int, the symbolic name the file or onnx's inference
+gives it, and ``(value, axis)`` for every tensor dim it provably equals. Ops that keep a dim
+(elementwise ops, Cast, Softmax, norms), move it (Transpose, Gather, Unsqueeze, Squeeze, MatMul's
+outer dims, the axes a Slice or Split leaves alone) or read it back from a Shape (a Reshape to
+``Concat(Gather(Shape(t), k), ...)``, a Reshape's ``-1`` where the element counts leave one dim)
+carry the tokens of their input's dims. Two dims are equal when their tokens meet.
+
+Sound for every run that succeeds: a broadcast dim is its operands' only where they are provably
+equal or 1 (never assuming a symbol is not 1, as onnxruntime's symbolic inference does when it
+merges). Assumed, as the rest of the pass does: one symbolic name means one value in a file, and
+tensors are not empty (a Reshape reading a 0 through Shape would copy its input's dim instead).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import onnx_ir as ir
+
+from . import values
+
+_MAX_DEPTH = 96  # producer steps followed from one dim; beyond, what is known so far
+Tokens = frozenset
+
+# (domain, op) -> {output index: the input whose shape it has}
+_SAME_SHAPE = {
+    ("", op): {0: 0}
+    for op in (
+        "Identity", "Cast", "CastLike", "Neg", "Abs", "Relu", "LeakyRelu", "Elu", "Selu", "Celu",
+        "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Exp", "Log", "Sqrt", "Reciprocal",
+        "Sin", "Cos", "Softplus", "Softsign", "Gelu", "Mish", "Sign", "Floor", "Ceil", "Round",
+        "Not", "IsNaN", "IsInf", "Softmax", "LogSoftmax", "Hardmax", "Dropout", "Clip",
+        "LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization", "Trilu",
+        "CumSum", "ThresholdedRelu", "Shrink", "BitwiseNot",
+    )
+}  # fmt: skip
+_SAME_SHAPE |= {
+    ("rmsnorm_onnx", "RMSNorm"): {0: 0},
+    ("rmsnorm_onnx", "SkipRMSNorm"): {0: 0, 1: 0},
+    ("com.microsoft", "SkipSimplifiedLayerNormalization"): {0: 0, 3: 0},
+    ("com.microsoft", "SkipLayerNormalization"): {0: 0, 3: 0},
+    ("com.microsoft", "FastGelu"): {0: 0},
+    ("com.microsoft", "BiasGelu"): {0: 0},
+    ("com.microsoft", "QuickGelu"): {0: 0},
+}
+_BROADCAST = frozenset(
+    {
+        "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "And", "Or",
+        "Xor", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Mod", "PRelu",
+        "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
+    }
+)  # fmt: skip
+
+
+def _rank(value: ir.Value | None) -> int | None:
+    return None if value is None or value.shape is None else len(value.shape)
+
+
+def _ints(value: ir.Value | None) -> list[int] | None:
+    array = values.constant_array(value, max_size=64)
+    return None if array is None or array.dtype.kind not in "iu" else array.reshape(-1).tolist()
+
+
+def _int_of(tokens: Tokens) -> int | None:
+    return next((t for t in tokens if isinstance(t, int)), None)
+
+
+def _axes(node: ir.Node, position: int, name: str) -> list[int] | None:
+    """A node's axes-like ints: the attribute (older opsets) or the constant input."""
+    attr = node.attributes.get_ints(name, None)
+    if attr is not None:
+        return list(attr)
+    if len(node.inputs) > position and node.inputs[position] is not None:
+        return _ints(node.inputs[position])
+    return None
+
+
+class Dims:
+    """Dim equality within one model, remembered per (value, axis) for the calls made on it."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[ir.Value, int], Tokens] = {}
+
+    def equal(self, a: ir.Value, i: int, b: ir.Value, j: int) -> bool:
+        """Dim ``i`` of ``a`` is provably dim ``j`` of ``b`` (negative axes count from the end)."""
+        return bool(self.tokens(a, i) & self.tokens(b, j))
+
+    def aligned(self, a: ir.Value, b: ir.Value) -> tuple[tuple, tuple] | None:
+        """a's and b's dims as comparable tokens, right-aligned dims that are provably equal
+        sharing one (an int where known); None when a rank is unknown."""
+        ra, rb = _rank(a), _rank(b)
+        if ra is None or rb is None:
+            return None
+        ta = [self._token(a, i) for i in range(ra)]
+        tb = [self._token(b, j) for j in range(rb)]
+        for k in range(1, min(ra, rb) + 1):
+            if ta[-k] != tb[-k] and self.equal(a, ra - k, b, rb - k):
+                tb[-k] = ta[-k]
+        return tuple(ta), tuple(tb)
+
+    def _token(self, value: ir.Value, axis: int) -> object:
+        tokens = self.tokens(value, axis)
+        known = _int_of(tokens)
+        return known if known is not None else object()
+
+    def tokens(self, value: ir.Value, axis: int, depth: int = 0) -> Tokens:
+        """Every name dim ``axis`` of ``value`` provably has (empty where the rank is unknown)."""
+        rank = _rank(value)
+        if rank is None or not -rank <= axis < rank:
+            return Tokens()
+        axis %= rank
+        key = (value, axis)
+        if key in self._memo:
+            return self._memo[key]
+        found: set[object] = {key}
+        dim = value.shape[axis]
+        if isinstance(dim, int):
+            found.add(dim)
+        elif isinstance(dim, ir.SymbolicDim) and dim.value is not None:
+            found.add(("sym", dim.value))
+        self._memo[key] = Tokens(found)  # what is known so far, should a rule ask again
+        if depth < _MAX_DEPTH:
+            for derived in self._derive(value, axis, depth + 1):
+                found |= derived
+        self._memo[key] = Tokens(found)
+        return self._memo[key]
+
+    def _at(self, value: ir.Value | None, axis: int, depth: int) -> Tokens:
+        return Tokens() if value is None else self.tokens(value, axis, depth)
+
+    def _derive(self, value: ir.Value, axis: int, depth: int) -> Iterable[Tokens]:
+        """Token sets the producer of ``value`` proves equal to its dim ``axis``."""
+        node, out = value.producer(), value.index()
+        if node is None or out is None:
+            return []
+        op = node.op_type
+        same = _SAME_SHAPE.get((node.domain, op))
+        if same is not None:
+            source = same.get(out)
+            return [] if source is None else [self._at(node.inputs[source], axis, depth)]
+        if node.domain != "":
+            return []
+        rank = len(value.shape)
+        if op in _BROADCAST:
+            return self._broadcast([(v, None) for v in node.inputs], rank, axis, depth)
+        rule = getattr(self, f"_{op.lower()}", None)
+        return [] if rule is None else rule(node, out, rank, axis, depth)
+
+    def _broadcast(self, operands, rank: int, axis: int, depth: int) -> list[Tokens]:
+        """The dim of a broadcast: an operand's where every other one is provably 1 or the same
+        (a run that succeeds has them 1 or equal; a symbol may be 1, so it proves nothing).
+        ``operands``: (value, None) or (None, tokens of a dim given directly)."""
+        dims: list[Tokens] = []
+        for value, given in operands:
+            if given is not None:
+                dims.append(given)
+                continue
+            r = _rank(value)
+            if r is None:
+                return []
+            if axis - (rank - r) >= 0:
+                dims.append(self.tokens(value, axis - (rank - r), depth))
+        for tokens in dims:
+            known = _int_of(tokens)
+            if known is not None and known != 1:
+                return [Tokens({known})]  # the others are 1 or this
+        rest = [t for t in dims if _int_of(t) != 1]
+        if not rest:
+            return [Tokens({1})]
+        if all(t & rest[0] for t in rest[1:]):
+            return rest
+        return []
+
+    def _matmul(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
+        a, b = node.inputs[0], node.inputs[1]
+        ra, rb = _rank(a), _rank(b)
+        if ra is None or rb is None:
+            return []
+        if rb == 1:
+            return [self._at(a, axis, depth)]
+        if ra == 1:
+            return [self._at(b, rb - 1 if axis == rank - 1 else axis, depth)]
+        if axis == rank - 1:
+            return [self._at(b, rb - 1, depth)]
+        if axis == rank - 2:
+            return [self._at(a, ra - 2, depth)]
+        batch = rank - 2  # the batch dims of both, before their last two, broadcast
+        dims = []
+        for v, r in ((a, ra - 2), (b, rb - 2)):
+            if axis - (batch - r) >= 0:
+                dims.append((None, self.tokens(v, axis - (batch - r), depth)))
+        return self._broadcast(dims, batch, axis, depth)
+
+    def _transpose(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
+        perm = node.attributes.get_ints("perm", None)
+        perm = list(perm) if perm is not None else list(range(rank))[::-1]
+        return [self._at(node.inputs[0], perm[axis], depth)] if len(perm) == rank else []
+
+    def _gather(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
+        data, indices = node.inputs[0], node.inputs[1]
+        rd, ri = _rank(data), _rank(indices)
+        if rd is None or ri is None:
+            return []
+        at = node.attributes.get_int("axis", 0) % rd
+        if axis < at:
+            return [self._at(data, axis, depth)]
+        if axis < at + ri:
+            return [self._at(indices, axis - at, depth)]
+        return [self._at(data, axis - ri + 1, depth)]
+
+    def _unsqueeze(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
+        axes = _axes(node, 1, "axes")
+        if axes is None:
+            return []
+        axes = sorted(a % rank for a in axes)
+        if axis in axes:
+            return [Tokens({1})]
+        return [self._at(node.inputs[0], axis - sum(a < axis for a in axes), depth)]
+
+    def _squeeze(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
+        data = node.inputs[0]
+        rd = _rank(data)
+        axes = _axes(node, 1, "axes")
+        if rd is None or axes is None:  # without axes: every dim that is 1, unknowable here
+            return []
+        kept = [k for k in range(rd) if k not in {a % rd for a in axes}]
+        return [self._at(data, kept[axis], depth)] if len(kept) == rank else []
+
+    def _slice(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
+        axes = _axes(node, 3, "axes")
+        if axes is None:  # every axis from 0 as far as starts go
+            starts = _axes(node, 1, "starts")
+            if starts is None:
+                return []
+            axes = list(range(len(starts)))
+        if axis in {a % rank for a in axes}:
+            return []
+        return [self._at(node.inputs[0], axis, depth)]
+
+    def _split(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
+        if axis == node.attributes.get_int("axis", 0) % rank:
+            return []
+        return [self._at(node.inputs[0], axis, depth)]
+
+    def _concat(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
+        if axis == node.attributes.get_int("axis", 0) % rank:
+            return []
+        return [self._at(v, axis, depth) for v in node.inputs]  # equal in every run
+
+    def _expand(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
+        shape = self._elements(node.inputs[1], depth)
+        if shape is None or len(shape) != rank:
+            return []
+        given = [(None, shape[axis])] if shape[axis] else []
+        return self._broadcast([(node.inputs[0], None), *given], rank, axis, depth)
+
+    def _reshape(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
+        if node.attributes.get_int("allowzero", 0):
+            return []
+        data, shape = node.inputs[0], self._elements(node.inputs[1], depth)
+        if shape is None or len(shape) != rank:
+            return []
+        element = shape[axis]
+        if not element:
+            return []
+        known = _int_of(element)
+        if known == 0:
+            return [self._at(data, axis, depth)]
+        if known == -1:
+            return self._inferred(data, shape, axis, depth)
+        return [element]
+
+    def _inferred(self, data: ir.Value, shape: list[Tokens | None], axis: int, depth: int):
+        """Reshape's -1: the input's element count over the output's other dims, where those
+        cancel all of the input's dims but one (or leave a whole number)."""
+        rd = _rank(data)
+        if rd is None:
+            return []
+        left = [self.tokens(data, k, depth) for k in range(rd)]
+        out_product = 1
+        for k, element in enumerate(shape):
+            if k == axis:
+                continue
+            known = _int_of(element) if element else None
+            if known == 0:
+                element = self.tokens(data, k, depth)
+                known = _int_of(element)
+            if known is not None and known > 0:
+                out_product *= known
+                continue
+            match = next((t for t in left if element and t & element), None)
+            if match is None:
+                return []
+            left.remove(match)
+        numbers = [_int_of(t) for t in left]
+        in_product = math.prod(n for n in numbers if n is not None)
+        symbols = [t for t, n in zip(left, numbers, strict=True) if n is None]
+        if len(symbols) == 1 and in_product == out_product:
+            return [symbols[0]]
+        if not symbols and out_product and in_product % out_product == 0:
+            return [Tokens({in_product // out_product})]
+        return []
+
+    def _elements(self, shape: ir.Value | None, depth: int) -> list[Tokens | None] | None:
+        """The elements of a 1-D int tensor that is a shape: ints, or the dims they are."""
+        if shape is None:
+            return None
+        known = _ints(shape)
+        if known is not None:
+            return [Tokens({k}) for k in known]
+        node = shape.producer()
+        if node is None or node.domain != "":
+            return None
+        if node.op_type == "Cast":
+            return self._elements(node.inputs[0], depth)
+        if node.op_type == "Shape":
+            rank = _rank(node.inputs[0])
+            if rank is None:
+                return None
+            start = node.attributes.get_int("start", 0)
+            end = node.attributes.get_int("end", rank)
+            return [self.tokens(node.inputs[0], k, depth) for k in range(rank)[start:end]]
+        if node.op_type == "Concat":
+            parts = [self._elements(v, depth) for v in node.inputs]
+            return None if any(p is None for p in parts) else [e for p in parts for e in p]
+        if node.op_type in ("Unsqueeze", "Reshape") and _rank(node.inputs[0]) in (0, 1):
+            if node.op_type == "Reshape" and _rank(shape) != 1:
+                return None
+            return [self._scalar(node.inputs[0], depth)]
+        if node.op_type == "Slice":
+            data = self._elements(node.inputs[0], depth)
+            starts, ends = _axes(node, 1, "starts"), _axes(node, 2, "ends")
+            steps = _axes(node, 4, "steps") or [1]
+            if data is None or starts is None or ends is None or steps != [1]:
+                return None
+            return data[slice(starts[0], ends[0])]
+        return None
+
+    def _scalar(self, value: ir.Value | None, depth: int) -> Tokens | None:
+        """A one-element int tensor: its number, or the dim it is (Gather(Shape(t), k))."""
+        known = _ints(value)
+        if known is not None:
+            return Tokens(known) if len(known) == 1 else None
+        node = None if value is None else value.producer()
+        if node is None or node.domain != "":
+            return None
+        if node.op_type in ("Cast", "Squeeze", "Unsqueeze", "Identity"):
+            return self._scalar(node.inputs[0], depth)
+        if node.op_type == "Gather" and node.attributes.get_int("axis", 0) == 0:
+            index = _ints(node.inputs[1])
+            elements = self._elements(node.inputs[0], depth)
+            if index is None or len(index) != 1 or elements is None:
+                return None
+            return elements[index[0]] if -len(elements) <= index[0] < len(elements) else None
+        return None

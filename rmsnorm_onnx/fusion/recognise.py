@@ -1,0 +1,368 @@
+"""Raising decomposed norms by their value (DESIGN §4): candidates, the decision, the rewrite.
+
+A candidate is a statistic: a node that takes a mean of squares (:data:`algebra.STATISTIC_OPS`
+reading as one). From it the stage walks forward through the ops a norm is made of and reads
+each value it reaches as a product (:mod:`.algebra`); the furthest value that is exactly
+
+    x · (ms(x) + ε)^(-1/2) · scale     or     x · (√ms(x) + ε)^(-1) · scale
+
+(coefficient 1, the same x throughout, ε a non-negative constant, scale over the normalized axes
+only) and whose intermediates nobody else reads becomes one ``rmsnorm_onnx::RMSNorm``. A new
+spelling therefore needs no new rule. A candidate that fuses nowhere is reported with the most
+specific reason met on the way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from .. import op_schema
+from .algebra import (
+    STATISTIC_OPS,
+    Miss,
+    Product,
+    Reader,
+    Shifted,
+    chain,
+    precision,
+    root,
+)
+from .canonical import PATTERN_TAG, SOURCE_TAG
+from .diagnose import where
+from .report import Skip
+from .values import FLOAT_TYPES, constant_array, fits_normalized, rank
+
+WALK_OPS = frozenset(
+    {"Mul", "Div", "Reciprocal", "Sqrt", "Pow", "Add", "Cast", "CastLike", "Identity"}
+)
+_DEPTH = 12  # ops from the statistic to the norm's output: Add, Sqrt, Reciprocal, Mul, Cast, Mul...
+_COEF_TOLERANCE = 4e-7  # 1/N folded in float32 (1/768, 1/√N) rounds: a few ulp of 1 is 1
+# how sure a reason is that it says what differs (the report keeps the surest)
+_SURE, _SHAPE, _OTHER_USE = 3, 2, 1
+
+
+@dataclasses.dataclass
+class Norm:
+    """A value that is exactly an RMSNorm, and what to build for it."""
+
+    value: ir.Value
+    x: ir.Value
+    scale: ir.Value | None
+    axis: int
+    eps: float
+    outside: bool
+    interior: list[ir.Node]
+    label: str
+
+
+@dataclasses.dataclass
+class Verdict:
+    norm: Norm | None = None
+    reason: str | None = None
+    sureness: int = 0
+    scale_note: bool = False  # the reason is about a scale factor that stays outside
+
+
+def _opset(model: ir.Model) -> int:
+    imports = model.opset_imports
+    return int(imports.get("", imports.get("ai.onnx", 1)))
+
+
+def candidates(graph_nodes: Iterable[ir.Node], reader: Reader) -> list[ir.Node]:
+    """Every statistic: a node that reads as a mean of squares, or as a near miss of one."""
+    found = []
+    for node in graph_nodes:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in STATISTIC_OPS:
+            continue
+        read = reader.read(node.outputs[0])
+        if isinstance(read, Miss) or read.statistic():
+            found.append(node)
+    return found
+
+
+def decide(value: ir.Value, read: Product | Miss, stat: ir.Node) -> Verdict:
+    """Is ``value`` (read as ``read``) exactly an RMSNorm of the statistic ``stat``?"""
+    if isinstance(read, Miss):
+        return Verdict(reason=read.reason, sureness=_SURE)
+    stats = read.statistic()
+    if not stats:
+        return Verdict()
+    if len(stats) > 1:
+        return Verdict(reason="the value divides by two different statistics", sureness=_SHAPE)
+    term, e = stats[0]
+    ms = term.ms if isinstance(term, Shifted) else term
+    if ms.node is not stat:
+        return Verdict()  # another norm further on
+    outside = isinstance(term, Shifted) and term.outside
+    eps = term.eps if isinstance(term, Shifted) else 0.0
+    x_root = root(ms.x)
+    leaves = read.leaves()
+    xs = [(v, p) for v, p in leaves if root(v) is x_root]
+    others = [(v, p) for v, p in leaves if root(v) is not x_root]
+    if not xs:
+        for v, p in others:
+            if p == 1 and v.shape is not None and ms.x.shape is not None and rank(v) == rank(ms.x):
+                return Verdict(
+                    reason=(
+                        f"the mean is over a different tensor ('{x_root.name}') than the one "
+                        f"normalized ('{root(v).name}')"
+                    ),
+                    sureness=_SURE,
+                )
+        return Verdict()  # the chain has not reached x yet
+    if len(xs) > 1 or xs[0][1] != 1:
+        p = sum(float(p) for _, p in xs)
+        return Verdict(
+            reason=f"x appears to the power {p:g} outside the mean, not 1", sureness=_SHAPE
+        )
+    wanted = Fraction(-1) if outside else Fraction(-1, 2)
+    if e != wanted:
+        return Verdict(
+            reason=f"the statistic is raised to {_fraction(e)}, not {_fraction(wanted)}",
+            sureness=_SURE,
+        )
+    numerator = xs[0][0]
+    if any(p != 1 for _, p in others):
+        v, p = next((v, p) for v, p in others if p != 1)
+        return Verdict(reason=f"a factor '{v.name}' to the power {_fraction(p)}", sureness=_SHAPE)
+    if len(others) > 1:
+        names = ", ".join(f"'{v.name}'" for v, _ in others)
+        return Verdict(reason=f"more than one factor besides x ({names})", sureness=_SHAPE)
+    if abs(read.coef - 1.0) > _COEF_TOLERANCE:
+        why = f"the result is {read.coef:.6g} times an RMSNorm"
+        if read.spelling.get("mean") == "ReduceSum":
+            why = f"ReduceSum of a square is a sum, not a mean (no 1/n): {why}"
+        return Verdict(reason=why, sureness=_SURE)
+    x = _input_of_type(numerator, value.dtype)
+    if x is None:
+        return Verdict(
+            reason=f"the result's type ({_dtype(value)}) is not the type of x or of an exact "
+            "Cast of it",
+            sureness=_SHAPE,
+        )
+    if x.dtype not in FLOAT_TYPES:
+        return Verdict(
+            reason=f"the input is {_dtype(x)}, not float/float16/bfloat16", sureness=_SURE
+        )
+    if read.narrowest < precision(x.dtype):
+        return Verdict(
+            reason="a Cast inside the chain rounds below the input's precision", sureness=_SURE
+        )
+    n_axes = -ms.axis if ms.axis < 0 else None
+    bound = rank(x) if rank(x) is not None else (n_axes or 0)
+    if read.const_ndim > bound:
+        why = (
+            "rank is unknown: broadcasting could add dims"
+            if rank(x) is None
+            else "has more dims than the input (it broadcasts)"
+        )
+        return Verdict(reason=f"a constant of the chain {why}", sureness=_SURE)
+    scale = others[0][0] if others else None
+    if scale is not None:
+        why = fits_normalized(scale, x, n_axes)
+        if why is None and scale.dtype not in (x.dtype, ir.DataType.FLOAT):
+            why = f"the scale is {_dtype(scale)}, X {_dtype(x)}"
+        if why is not None:  # a note where it looks like a scale: a weight, not an activation
+            weight = scale.const_value is not None or scale.producer() is None
+            return Verdict(reason=f"scale Mul: {why}", sureness=_SHAPE, scale_note=weight)
+    label = _label(read, eps, outside, numerator is not x or x.dtype != ms.x.dtype)
+    interior = [n for n in read.interior if n.graph is value.producer().graph]
+    return Verdict(Norm(value, x, scale, ms.axis, eps, outside, interior, label))
+
+
+def _input_of_type(numerator: ir.Value, dtype: ir.DataType | None) -> ir.Value | None:
+    """The value under ``numerator`` (through exact Casts) nearest x's source with ``dtype``."""
+    for value in reversed(chain(numerator)):
+        if value.dtype == dtype and dtype is not None:
+            return value
+    return None
+
+
+def other_use(norm: Norm) -> str | None:
+    """Why the chain cannot go: an intermediate is read elsewhere, or is a graph output."""
+    inside = set(norm.interior)
+    for node in norm.interior:
+        for out in node.outputs:
+            if out is norm.value:
+                continue
+            if out.is_graph_output():
+                return f"intermediate '{out.name}' ({node.op_type}) is a graph output"
+            for consumer in out.consumers():
+                if consumer not in inside:
+                    return (
+                        f"intermediate '{out.name}' ({node.op_type}) is also used by "
+                        f"{consumer.op_type} '{consumer.name}'"
+                    )
+    return None
+
+
+def reach(stat: ir.Node) -> list[ir.Value]:
+    """Values after the statistic, nearest first, through the ops a norm is made of."""
+    seen: dict[ir.Value, None] = {stat.outputs[0]: None}
+    frontier = [stat.outputs[0]]
+    for _ in range(_DEPTH):
+        nxt = []
+        for value in frontier:
+            for consumer in value.consumers():
+                if consumer.domain not in ("", "ai.onnx") or consumer.op_type not in WALK_OPS:
+                    continue
+                if consumer.graph is not stat.graph:
+                    continue
+                for out in consumer.outputs[:1]:
+                    if out not in seen:
+                        seen[out] = None
+                        nxt.append(out)
+        frontier = nxt
+    return list(seen)
+
+
+def examine(stat: ir.Node, reader: Reader) -> tuple[Norm | None, Verdict | None, list[str]]:
+    """The norm a statistic belongs to (the furthest exact one), else the surest near miss;
+    and notes on a scale factor that stays outside the fused norm."""
+    best: Norm | None = None
+    miss: Verdict | None = None
+    scale_misses: list[tuple[ir.Value, Verdict]] = []
+    for value in reach(stat):
+        verdict = decide(value, reader.read(value), stat)
+        if verdict.norm is not None:
+            why = other_use(verdict.norm)
+            if why is None:
+                if best is None or len(verdict.norm.interior) >= len(best.interior):
+                    best = verdict.norm
+                continue
+            verdict = Verdict(reason=why, sureness=_OTHER_USE)
+        if verdict.reason is None:
+            continue
+        if verdict.scale_note:
+            scale_misses.append((value, verdict))
+        if miss is None or verdict.sureness > miss.sureness:
+            miss = verdict
+    notes = []
+    if best is not None:
+        for value, verdict in scale_misses:
+            node = value.producer()
+            if node is not None and best.value in node.inputs:
+                notes.append(
+                    f"{node.op_type} '{node.name}' after a fused norm stays: {verdict.reason}"
+                )
+    return best, miss, notes
+
+
+def rewrite(norm: Norm) -> ir.Node:
+    """Replace the chain that ends in ``norm.value`` by one RMSNorm node."""
+    producer = norm.value.producer()
+    graph = producer.graph
+    scale = _folded(norm.scale, graph, producer) if norm.scale is not None else None
+    attrs: dict[str, Any] = {"epsilon": float(norm.eps), "axis": int(norm.axis)}
+    if norm.outside:
+        attrs["eps_outside"] = 1
+    label = norm.label
+    if scale is not None:
+        label += " +scale" if scale is norm.scale else " +scale(1+w folded)"
+    inputs = [norm.x] if scale is None else [norm.x, scale]
+    node = ir.node(
+        op_schema.OP_TYPE,
+        inputs,
+        attributes=attrs,
+        domain=op_schema.DOMAIN,
+        version=op_schema.VERSION,
+        name=producer.name or None,
+        metadata_props={PATTERN_TAG: label, SOURCE_TAG: "decomposed"},
+    )
+    out = node.outputs[0]
+    out.dtype, out.shape = norm.value.dtype, norm.value.shape
+    old = [n for n in norm.interior if n is not producer] + [producer]
+    ir.convenience.replace_nodes_and_values(graph, producer, old, [node], [norm.value], [out])
+    return node
+
+
+def _folded(scale: ir.Value, graph: ir.Graph, before: ir.Node) -> ir.Value:
+    """Gemma's ``1 + w`` with constant w as one constant (computed in w's type), else ``scale``."""
+    add = scale.producer()
+    if add is None or add.op_type != "Add" or len(scale.uses()) != 1 or scale.dtype is None:
+        return scale
+    for one, other in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+        c = constant_array(one, max_size=1)
+        if c is None or c.size != 1 or float(c.reshape(())) != 1.0:
+            continue
+        array = constant_array(other)
+        if array is None and other is not None and other.producer() is not None:
+            cast = other.producer()  # Gemma fp16: 1 + w.float()
+            if cast.op_type == "Cast" and cast.domain in ("", "ai.onnx"):
+                array = constant_array(cast.inputs[0])
+        if array is None:
+            continue
+        dtype = scale.dtype.numpy()
+        folded = ir.tensor(np.add(array.astype(dtype), np.asarray(1, dtype=dtype)))
+        constant = ir.node("Constant", [], attributes={"value": folded})
+        value = constant.outputs[0]
+        value.name = f"{scale.name}_folded"
+        value.dtype, value.shape = folded.dtype, ir.Shape(folded.shape)
+        value.const_value = folded
+        graph.insert_before(before, constant)
+        return value
+    return scale
+
+
+def _label(read: Product, eps: float, outside: bool, cast: bool) -> str:
+    s = read.spelling
+    square = s.get("square", "pow")
+    eps_text = "outside" if outside else ("inside" if _has_shift(read) else "none")
+    parts = [f"x²={square}", f"eps={eps_text}", f"root={s.get('root', 'sqrt')}"]
+    mean = s.get("mean", "ReduceMean")
+    if mean not in ("ReduceMean", square):
+        parts.append(f"mean={mean}")
+    return ", ".join(parts) + (" +cast" if cast else "")
+
+
+def _has_shift(read: Product) -> bool:
+    return any(isinstance(t, Shifted) for t, _ in read.statistic())
+
+
+def _fraction(e: Fraction) -> str:
+    return str(e) if e.denominator != 1 else str(e.numerator)
+
+
+def _dtype(value: ir.Value) -> str:
+    return "unknown" if value.dtype is None else value.dtype.name
+
+
+def raise_decomposed(
+    model: ir.Model, nodes: Iterable[ir.Node]
+) -> tuple[int, list[Skip], list[str]]:
+    """Fuse every decomposed norm among ``nodes``; (count, candidates left with reasons, notes)."""
+    reader = Reader(_opset(model))
+    fused, skips, notes = 0, [], []
+    pending = candidates(list(nodes), reader)
+    for stat in pending:
+        if stat.graph is None:  # inside a chain fused already
+            continue
+        norm, miss, extra = examine(stat, reader)
+        if norm is not None:
+            rewrite(norm)
+            model.opset_imports.setdefault(op_schema.DOMAIN, op_schema.VERSION)
+            reader.forget()
+            fused += 1
+            notes += extra
+            continue
+        reason = miss.reason if miss is not None and miss.reason else _no_chain(stat)
+        skips.append(
+            Skip(stat.name or stat.outputs[0].name or stat.op_type, where(model, stat), reason)
+        )
+    return fused, skips, notes
+
+
+def _no_chain(stat: ir.Node) -> str:
+    return (
+        f"not an RMSNorm chain after the {stat.op_type} (x times the inverse root of the mean "
+        "of its square was not found)"
+    )
+
+
+__all__ = ["Norm", "raise_decomposed"]

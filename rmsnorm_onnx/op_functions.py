@@ -1,0 +1,361 @@
+"""Our ops' contract (DESIGN §2) written as ONNX functions: a file holding ``rmsnorm_onnx::RMSNorm``
+/ ``SkipRMSNorm`` carries their definition as model-local functions, in plain ops at the model's
+opset, and runs where our library is not registered.
+
+    op_functions.attach(model)   # in place: one FunctionProto per distinct variant of our ops
+    op_functions.remove(model)   # in place: drop them (ModelProto or onnx_ir.Model)
+
+onnxruntime (1.21 and 1.31, checked by profiling) runs our kernel for a node whose library is
+registered and inlines the body otherwise; onnx's ``ReferenceEvaluator`` runs the body.
+
+A body computes what the kernels compute: X (for SkipRMSNorm S = X + skip in X's type, the output
+S) in float32, divided by the root of mean(X²) + epsilon (or by root + epsilon), times scale, plus
+bias, all in float32, cast back to X's type once. ``Div`` rather than ``Reciprocal`` + ``Mul``:
+onnxruntime's optimizer fuses the Div spelling of the inlined body into its
+SimplifiedLayerNormalization kernel (float32, and float16 through the Casts), not the other.
+
+One body serves every epsilon (an attribute reference) and every float type (CastLike, opset 15
+on). A variant gets a body of its own where the ops differ: which optional inputs the node passes,
+epsilon added to the root, a first normalized axis other than -1 (rows formed by
+``Flatten(axis=@axis)``), and below opset 15 X's type (Cast needs a constant ``to``). Several
+bodies of one op are IR 10 overloads; the most used has no overload name, so a model whose nodes
+of one op share a variant (the usual case) needs none and keeps its IR version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from . import op_schema
+from .onnx_io import all_graphs
+
+__all__ = ["MIN_OPSET", "Attached", "Variant", "attach", "function", "has_bodies", "remove"]
+
+MIN_OPSET = 13
+FUNCTION_IR_VERSION = 8  # model-local functions
+OVERLOAD_IR_VERSION = 10  # NodeProto/FunctionProto.overload
+_CASTLIKE_OPSET = 15
+_AXES_INPUT_OPSET = 18  # ReduceMean's axes moved from attribute to input
+_FLOAT = onnx.TensorProto.FLOAT
+_ATTRIBUTES = ("epsilon", "axis", "eps_outside")
+_INT, _FLOAT_ATTR = onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Variant:
+    """What decides the ops of a body; the rest comes from the calling node's attributes."""
+
+    op_type: str  # RMSNorm or SkipRMSNorm
+    scale: bool
+    bias: bool
+    eps: str = "inside"  # epsilon added under the root, to it ("outside"), or as eps_outside says
+    axis: str = "last"  # normalizes the last axis alone; "any": X flattened to rows at @axis
+    sum: bool = False  # SkipRMSNorm's output S is declared (its nodes without S name it '')
+    elem_type: int = 0  # X's element type where the body must name it (opset < 15); 0: any
+
+    @property
+    def inputs(self) -> list[str]:
+        names = ["X", "skip"] if self.op_type == op_schema.SKIP_OP_TYPE else ["X"]
+        if self.scale or self.bias:  # a bias alone still takes its place after the scale
+            names.append("scale")
+        if self.bias:
+            names.append("bias")
+        return names
+
+    @property
+    def label(self) -> str:
+        """The variant in words (``scale_bias``), also its overload name."""
+        parts = [name for name, on in (("scale", self.scale), ("bias", self.bias)) if on]
+        parts += [] if self.eps == "inside" else [f"eps_{self.eps}"]
+        parts += [] if self.axis == "last" else [f"{self.axis}_axis"]
+        parts += ["sum"] if self.sum else []
+        if self.elem_type:
+            parts.append(helper.tensor_dtype_to_np_dtype(self.elem_type).name)
+        return "_".join(parts) or "plain"
+
+
+class _Body:
+    """The nodes of one function body, each output named after its op."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+
+    def __call__(self, op_type: str, *inputs: str, out: str | None = None, **attrs: Any) -> str:
+        name = out or f"{op_type}_{len(self.nodes)}"
+        refs = [a for a in attrs.values() if isinstance(a, onnx.AttributeProto)]
+        plain = {k: a for k, a in attrs.items() if not isinstance(a, onnx.AttributeProto)}
+        node = helper.make_node(op_type, list(inputs), [name], **plain)
+        node.attribute.extend(refs)
+        self.nodes.append(node)
+        return name
+
+    def const(self, array: np.ndarray) -> str:
+        return self("Constant", value=numpy_helper.from_array(array, "value"))
+
+
+def _ref(name: str, kind: int, of: str) -> onnx.AttributeProto:
+    """A body attribute ``name`` taking the value of the calling node's attribute ``of``."""
+    return helper.make_attribute_ref(name, kind, ref_attr_name=of)
+
+
+def function(variant: Variant, opset: int, *, overload: str = "") -> onnx.FunctionProto:
+    """The body of ``variant`` in ai.onnx ops of ``opset`` (13 on).
+
+    It imports the default domain as '' whatever the model calls it: onnx's checker refuses a
+    body importing 'ai.onnx' (its nodes are of domain ''), and accepts '' beside a model's
+    'ai.onnx' import, as onnxruntime does."""
+    if opset < MIN_OPSET:
+        raise ValueError(f"function bodies need ai.onnx opset >= {MIN_OPSET}, got {opset}")
+    if opset < _CASTLIKE_OPSET and not variant.elem_type:
+        raise ValueError(f"below opset {_CASTLIKE_OPSET} a body must name X's type")
+    b = _Body()
+    x = b("Add", "X", "skip", out="S") if variant.op_type == op_schema.SKIP_OP_TYPE else "X"
+    xf = b("Cast", x, to=_FLOAT)
+    rows = xf if variant.axis == "last" else b("Flatten", xf, axis=_ref("axis", _INT, "axis"))
+    square = b("Pow", rows, b.const(np.array(2.0, np.float32)))
+    if opset >= _AXES_INPUT_OPSET:
+        ms = b("ReduceMean", square, b.const(np.array([-1], np.int64)), keepdims=1)
+    else:
+        ms = b("ReduceMean", square, axes=[-1], keepdims=1)
+    eps = b("Constant", value_float=_ref("value_float", _FLOAT_ATTR, "epsilon"))
+    if variant.eps == "either":  # exact: eps·1 and eps - eps·1 = 0, or eps·0 = 0 and eps
+        outside = b(
+            "Cast", b("Constant", value_int=_ref("value_int", _INT, "eps_outside")), to=_FLOAT
+        )
+        eps_out = b("Mul", eps, outside)
+        root = b("Add", b("Sqrt", b("Add", ms, b("Sub", eps, eps_out))), eps_out)
+    elif variant.eps == "outside":
+        root = b("Add", b("Sqrt", ms), eps)
+    else:
+        root = b("Sqrt", b("Add", ms, eps))
+    y = b("Div", rows, root)
+    if variant.axis != "last":
+        y = b("Reshape", y, b("Shape", xf))
+    if variant.scale:
+        y = b("Mul", y, b("Cast", "scale", to=_FLOAT))
+    if variant.bias:
+        y = b("Add", y, b("Cast", "bias", to=_FLOAT))
+    if variant.elem_type:
+        b("Cast", y, to=variant.elem_type, out="Y")
+    else:
+        b("CastLike", y, x, out="Y")
+    attributes = ["epsilon"]
+    attributes += [] if variant.axis == "last" else ["axis"]
+    attributes += ["eps_outside"] if variant.eps == "either" else []
+    f = helper.make_function(
+        op_schema.DOMAIN,
+        variant.op_type,
+        variant.inputs,
+        ["Y", "S"] if variant.sum else ["Y"],
+        b.nodes,
+        [helper.make_opsetid("", opset)],
+        attributes=attributes,
+        doc_string=f"{op_schema.DOMAIN}::{variant.op_type} ({variant.label}) in plain ops",
+    )
+    if overload:
+        f.overload = overload
+    return f
+
+
+@dataclasses.dataclass
+class Attached:
+    """What :func:`attach` did: the bodies added (``RMSNorm(scale)`` -> nodes using it), their
+    size, and what a user should know (nodes left without a body, overloads)."""
+
+    bodies: Counter[str] = dataclasses.field(default_factory=Counter)
+    nbytes: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def _ours(node: onnx.NodeProto) -> bool:
+    return node.domain == op_schema.DOMAIN and node.op_type in op_schema.OP_TYPES
+
+
+def _our_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [node for graph in all_graphs(model) for node in graph.node if _ours(node)]
+
+
+def _default_opset(model: onnx.ModelProto) -> int | None:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return None
+
+
+def remove(model: Any) -> int:
+    """Drop the model-local functions of our domain and the overload names of our nodes (in
+    place; an ``onnx.ModelProto`` or an ``onnx_ir.Model``). Returns how many functions went."""
+    if not isinstance(model, onnx.ModelProto):
+        return _remove_ir(model)
+    kept = [f for f in model.functions if f.domain != op_schema.DOMAIN]
+    removed = len(model.functions) - len(kept)
+    if removed:
+        del model.functions[:]
+        model.functions.extend(kept)
+    for node in _our_nodes(model):
+        node.ClearField("overload")
+    return removed
+
+
+def _remove_ir(model: Any) -> int:
+    ours = [key for key in model.functions if key[0] == op_schema.DOMAIN]
+    for key in ours:
+        del model.functions[key]
+    for container in [model.graph, *model.functions.values()]:
+        for node in container.all_nodes():
+            if node.domain == op_schema.DOMAIN and node.op_type in op_schema.OP_TYPES:
+                node.overload = ""
+    return len(ours)
+
+
+def has_bodies(model: onnx.ModelProto) -> bool:
+    """Whether every node of ours has a model-local function to fall back on."""
+    defined = {(f.domain, f.name, f.overload) for f in model.functions}
+    return all((n.domain, n.op_type, n.overload) in defined for n in _our_nodes(model))
+
+
+def _x_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element types of the model's values (main graph and subgraphs), from onnx's inference on
+    a copy whose initializers are only declared (their data is never copied)."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph = light.graph
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    declared = {i.name for i in model.graph.input}
+    graph.input.extend(
+        helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in model.graph.initializer
+        if t.name not in declared
+    )
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    op_schema.register()
+    with contextlib.suppress(Exception):  # an op onnx cannot infer: what the model declares
+        light = onnx.shape_inference.infer_shapes(light, strict_mode=False)
+    types = {}
+    for g in all_graphs(light):
+        if isinstance(g, onnx.GraphProto):
+            for info in (*g.input, *g.output, *g.value_info):
+                if info.type.tensor_type.elem_type:
+                    types[info.name] = info.type.tensor_type.elem_type
+            types.update((t.name, t.data_type) for t in g.initializer)
+    return types
+
+
+def _signature(node: onnx.NodeProto, elem_type: int) -> Variant:
+    """The node's fixed part: which optional inputs it passes (and X's type where needed)."""
+    first = 2 if node.op_type == op_schema.SKIP_OP_TYPE else 1
+    present = [bool(name) for name in node.input[first:]] + [False, False]
+    return Variant(node.op_type, present[0], present[1], elem_type=elem_type)
+
+
+def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _merge(signature: Variant, nodes: list[onnx.NodeProto]) -> Variant:
+    """One body for all ``nodes`` (one signature): the fixed spelling where they agree, the
+    attribute where they do not."""
+    outside = {_attr(n, "eps_outside", 0) == 1 for n in nodes}
+    return dataclasses.replace(
+        signature,
+        eps="either" if len(outside) > 1 else "outside" if outside == {True} else "inside",
+        axis="last" if all(_attr(n, "axis", -1) == -1 for n in nodes) else "any",
+        sum=any(len(n.output) > 1 and n.output[1] for n in nodes),
+    )
+
+
+def _fit(node: onnx.NodeProto, variant: Variant) -> None:
+    """Spell out what the body reads. A node binds its inputs and outputs to the function's by
+    position and may not pass more: trailing empty inputs go, a node without S names it '' where
+    the body declares S. An attribute reference to a missing attribute leaves the body's
+    attribute unset: the attributes the body reads are written even at their default."""
+    while node.input and not node.input[-1]:
+        node.input.pop()
+    del node.output[1 + variant.sum :]
+    if variant.sum and len(node.output) == 1:
+        node.output.append("")
+    wanted = {"epsilon": op_schema.DEFAULT_EPSILON}
+    if variant.axis != "last":
+        wanted["axis"] = op_schema.DEFAULT_AXIS
+    if variant.eps == "either":
+        wanted["eps_outside"] = 0
+    present = {a.name for a in node.attribute}
+    node.attribute.extend(
+        helper.make_attribute(name, value) for name, value in wanted.items() if name not in present
+    )
+
+
+def attach(model: onnx.ModelProto) -> Attached:
+    """Give every node of ours (main graph, subgraphs, functions) a model-local function, one
+    per body its nodes need, replacing any the model had (in place).
+
+    Nodes of one op that differ only in attributes share one body. Only nodes that pass other
+    optional inputs (or, below opset 15, have another X type) need another body: an IR 10
+    overload (the IR version is raised to 10). onnxruntime before overloads (1.21 checked) and
+    onnx's ReferenceEvaluator take the last body of an op for all its nodes: the body without
+    an overload name, the one with the most inputs, goes last, so that on them a node of
+    another signature fails to load (its missing input is used) rather than runs wrong.
+    """
+    remove(model)
+    done = Attached()
+    nodes = _our_nodes(model)
+    if not nodes:
+        return done
+    opset = _default_opset(model)
+    if opset is None or opset < MIN_OPSET:
+        done.notes.append(
+            f"no function bodies: they need ai.onnx opset >= {MIN_OPSET} (the model has {opset})"
+        )
+        return done
+    types = _x_types(model) if opset < _CASTLIKE_OPSET else {}
+    groups: dict[Variant, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        elem = types.get(node.input[0], 0) if types else 0
+        if opset < _CASTLIKE_OPSET and not elem:
+            done.notes.append(
+                f"{node.op_type} '{node.name}' has no function body: X's type is unknown and "
+                f"opset {opset} has no CastLike"
+            )
+            continue
+        groups.setdefault(_signature(node, elem), []).append(node)
+
+    variants = {sig: _merge(sig, members) for sig, members in groups.items()}
+    default: dict[str, Variant] = {}  # per op: the body with the most inputs, scale first
+    for sig in sorted(groups, key=lambda s: (-len(s.inputs), not s.scale, -len(groups[s]), s)):
+        default.setdefault(sig.op_type, sig)
+    functions = []
+    for sig, variant in sorted(variants.items()):
+        overload = "" if default[sig.op_type] == sig else variant.label
+        functions.append(function(variant, opset, overload=overload))
+        done.bodies[f"{variant.op_type}({variant.label})"] = len(groups[sig])
+        for node in groups[sig]:
+            _fit(node, variant)
+            node.overload = overload
+    overloaded = sorted({f.name for f in functions if f.overload})
+    model.ir_version = max(
+        model.ir_version, OVERLOAD_IR_VERSION if overloaded else FUNCTION_IR_VERSION
+    )
+    if overloaded:
+        done.notes.append(
+            f"{', '.join(overloaded)} nodes differ in their optional inputs: their bodies are IR "
+            "10 overloads, which onnxruntime 1.21 and onnx's ReferenceEvaluator do not tell "
+            "apart (nodes of the other signatures fail to load there without our library)"
+        )
+    functions.sort(key=lambda f: (f.overload == "", f.name, f.overload))
+    model.functions.extend(functions)
+    done.nbytes = sum(f.ByteSize() for f in functions)
+    return done

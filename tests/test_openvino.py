@@ -1,0 +1,270 @@
+"""OpenVINO (CPU) runs files holding our ops through ``rmsnorm_onnx.openvino_extension()``, and
+their decomposed form without it; both agree with the float64 reference at the dtype's tolerance.
+
+OpenVINO lives in its own venv (CI: openvino, onnx, onnx-ir, onnxscript; no onnxruntime, no
+torch). Without openvino these tests skip; with RMSNORM_ONNX_REQUIRE_OPENVINO=1 they fail. The
+tiny Hugging Face Llama comes from tests/data (written by tests/hf_llama_data.py with torch).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from kernel_models import (
+    VARIANTS,
+    assert_matches,
+    assert_sum_exact,
+    feeds,
+    make_model,
+    np_dtype,
+    quantize,
+)
+
+from rmsnorm_onnx import op_functions, op_schema, reference
+from rmsnorm_onnx.fusion import fuse
+
+REQUIRE_ENV = "RMSNORM_ONNX_REQUIRE_OPENVINO"
+try:
+    import openvino as ov
+except ImportError as e:
+    if os.environ.get(REQUIRE_ENV):
+        pytest.fail(f"openvino is required here ({REQUIRE_ENV} is set): {e}", pytrace=False)
+    pytest.skip(f"openvino is not installed: {e}", allow_module_level=True)
+
+from rmsnorm_onnx import openvino_extension  # noqa: E402  (imports openvino)
+
+DATA = Path(__file__).resolve().parent / "data"
+# The CPU plugin computes in bfloat16 by default on CPUs with bf16 units (AMX, AVX512-BF16); ask
+# for float32, the precision the contract computes in, so results do not depend on the CPU.
+CONFIG = {"INFERENCE_PRECISION_HINT": "f32"}
+DTYPES = ("float32", "float16", "bfloat16")
+# op -> (skip operand's shape from X's, or None for RMSNorm; S requested)
+OPS = {
+    "norm": (None, False),
+    "skip": (lambda shape: shape, False),
+    "skip_sum": (lambda shape: shape, True),
+    "skip_bcast_sum": (lambda shape: shape[1:], True),  # skip drops X's leading dim
+}
+# axis -> X's shape (awkward sizes; axis 1 normalizes the last two dims)
+AXES = {-1: (3, 5, 67), 1: (3, 4, 33)}
+
+
+@pytest.fixture(scope="module")
+def cores() -> dict[bool, ov.Core]:
+    """OpenVINO cores with (True) and without (False) our extension."""
+    with_ext = ov.Core()
+    with_ext.add_extension(openvino_extension())
+    return {True: with_ext, False: ov.Core()}
+
+
+def compile_model(core: ov.Core, model: onnx.ModelProto) -> ov.CompiledModel:
+    return core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU", CONFIG)
+
+
+def run(compiled: ov.CompiledModel, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    # a port may carry several tensor names (OpenVINO merges those of values it folds)
+    feed = [next(inputs[n] for n in port.get_names() if n in inputs) for port in compiled.inputs]
+    results = compiled(feed)
+    return [np.asarray(results[port]) for port in compiled.outputs]
+
+
+def layer_types(compiled: ov.CompiledModel) -> list[str]:
+    """The kinds of node the CPU plugin runs (its runtime graph)."""
+    ops = compiled.get_runtime_model().get_ordered_ops()
+    return [op.get_rt_info()["layerType"].astype(str) for op in ops]
+
+
+def case(dtype: str, variant: str, op: str, axis: int, constant_params: bool, rng):
+    """(model holding our op, its feeds, expected Y in float64, expected S or None)."""
+    has_scale, has_bias, param_dtype, eps_outside, epsilon = VARIANTS[variant]
+    param_dtype = dtype if param_dtype == "x" else param_dtype
+    skip_shape_of, with_sum = OPS[op]
+    x_shape = AXES[axis]
+    p_shape = x_shape[axis % len(x_shape) :]
+    x = quantize(3 * rng.standard_normal(x_shape), dtype)
+    skip = (
+        None
+        if skip_shape_of is None
+        else quantize(rng.standard_normal(skip_shape_of(x_shape)), dtype)
+    )
+    scale = quantize(1 + 0.2 * rng.standard_normal(p_shape), param_dtype) if has_scale else None
+    bias = quantize(0.1 * rng.standard_normal(p_shape), param_dtype) if has_bias else None
+    constants = {n: a for n, a in (("scale", scale), ("bias", bias)) if a is not None}
+    model = make_model(
+        dtype,
+        scale_dtype=param_dtype if has_scale else None,
+        bias_dtype=param_dtype if has_bias else None,
+        x_shape=x_shape,
+        scale_shape=p_shape,
+        bias_shape=p_shape,
+        constants=constants if constant_params else None,
+        skip_dtype=dtype if skip is not None else None,
+        skip_shape=None if skip is None else skip.shape,
+        with_sum=with_sum,
+        epsilon=epsilon,
+        axis=axis,
+        eps_outside=eps_outside,
+    )
+    inputs = feeds(x, None if constant_params else scale, None if constant_params else bias, skip)
+    attrs = {"epsilon": epsilon, "axis": axis, "eps_outside": eps_outside}
+    if skip is None:
+        return model, inputs, reference.rms_norm(x, scale, bias, **attrs), None
+    y, s = reference.skip_rms_norm(x, skip, scale, bias, **attrs)
+    return model, inputs, y, s if with_sum else None
+
+
+def check(outputs: list[np.ndarray], dtype: str, y: np.ndarray, s: np.ndarray | None) -> None:
+    assert len(outputs) == (1 if s is None else 2)
+    assert_matches(outputs[0].astype(np.float64), y, dtype)
+    if s is not None:  # a float32 sum of two half values rounds to the exact half sum
+        assert_sum_exact(outputs[1].astype(np_dtype(dtype)), s)
+
+
+@pytest.mark.parametrize("axis", list(AXES), ids=lambda a: f"axis{a}")
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["ours_with_extension", "decomposed"])
+def test_openvino_matches_the_reference(cores, rng, form, dtype, variant, op, axis) -> None:
+    """Ours: the file as we write it, bodies included (OpenVINO converts the node, not the
+    body); decomposed: our lowering of it, run without the extension."""
+    model, inputs, y, s = case(dtype, variant, op, axis, True, rng)
+    op_functions.attach(model)
+    if form == "decomposed":
+        model, _ = fuse(model, target="decomposed")
+        assert not any(n.domain == op_schema.DOMAIN for n in model.graph.node)
+    check(run(compile_model(cores[form != "decomposed"], model), inputs), dtype, y, s)
+
+
+@pytest.mark.parametrize("op", ["norm", "skip_sum"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_extension_with_scale_and_bias_fed_at_run_time(cores, rng, dtype, variant, op) -> None:
+    """Parameters as graph inputs (OpenVINO's RMS kernel wants a constant scale), bare op."""
+    model, inputs, y, s = case(dtype, variant, op, -1, False, rng)
+    check(run(compile_model(cores[True], model), inputs), dtype, y, s)
+
+
+@pytest.mark.parametrize("axis", [-1, 1, -2])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_extension_with_unknown_rank(cores, rng, dtype: str, axis: int) -> None:
+    """X declared without a shape: the extension finds the axes [axis, rank) from X's shape in
+    the graph (the CPU plugin compiles only known ranks: the shapes are given after reading)."""
+    x = quantize(rng.standard_normal((2, 3, 5, 8)), dtype)
+    scale = quantize(1 + 0.2 * rng.standard_normal(x.shape[axis % 4 :]), dtype)
+    model = make_model(dtype, scale_dtype=dtype, axis=axis, epsilon=1e-4)
+    read = cores[True].read_model(model.SerializeToString(), b"")
+    assert read.input("x").get_partial_shape().rank.is_dynamic
+    read.reshape({"x": list(x.shape), "scale": list(scale.shape)})
+    (got,) = run(cores[True].compile_model(read, "CPU", CONFIG), feeds(x, scale))
+    want = reference.rms_norm(x, scale, epsilon=1e-4, axis=axis)
+    assert_matches(got.astype(np.float64), want, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_openvino_runs_its_rms_kernel_for_the_extension(cores, rng, dtype: str) -> None:
+    """The extension writes the spelling OpenVINO's RMS fusion matches: a last-axis norm with a
+    constant scale runs as the CPU plugin's RMS node, as the decomposed form does."""
+    model, _, _, _ = case(dtype, "scale", "norm", -1, True, rng)
+    assert "RMS" in layer_types(compile_model(cores[True], model))
+    decomposed, _ = fuse(model, target="decomposed")
+    assert "RMS" in layer_types(compile_model(cores[False], decomposed))
+
+
+BAD = {
+    "negative epsilon": ({"epsilon": -1.0}, "epsilon must be a number >= 0"),
+    "integer X": ({"x_dtype": "int32"}, "X must be float, float16 or bfloat16"),
+    "axis out of range": ({"axis": 3}, "axis 3 is out of range for rank 2"),
+    "eps_outside 2": ({"eps_outside": 2}, "eps_outside must be 0 or 1"),
+    "scale too long": ({"scale_shape": [9]}, "scale of shape"),
+    "float64 scale": ({"scale_dtype": "float64"}, "scale has type f64"),
+    "skip of another shape": ({"skip_shape": [2, 7]}, "skip of shape"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_extension_refuses_what_the_contract_refuses(cores, name: str) -> None:
+    changes, message = BAD[name]
+    kwargs = {"x_dtype": "float32", "x_shape": [2, 8], "scale_dtype": "float32"}
+    kwargs |= {"scale_shape": [8], **changes}
+    if "skip_shape" in kwargs:
+        kwargs["skip_dtype"] = "float32"
+    if "eps_outside" in changes:  # make_node writes only eps_outside=1
+        model = make_model(**{k: v for k, v in kwargs.items() if k != "eps_outside"})
+        attr = onnx.helper.make_attribute("eps_outside", changes["eps_outside"])
+        model.graph.node[-1].attribute.append(attr)
+    else:
+        model = make_model(kwargs.pop("x_dtype"), **kwargs)
+    with pytest.raises(RuntimeError, match=f"rmsnorm_onnx::(Skip)?RMSNorm: {message}"):
+        cores[True].read_model(model.SerializeToString(), b"")
+
+
+# --- a fused Hugging Face export --------------------------------------------------------------
+
+
+def hf_llama(dtype_name: str) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    path = DATA / f"hf-llama.{dtype_name}.fused.onnx"
+    arrays = np.load(DATA / "hf-llama.npz")
+    ids, logits = arrays[f"{dtype_name}_input_ids"], arrays[f"{dtype_name}_logits"]
+    return onnx.load(path), ids, logits
+
+
+def test_openvino_needs_the_extension_for_our_ops(cores, rng) -> None:
+    """OpenVINO does not inline a custom domain's model-local function (the bodies our files
+    carry for other runtimes): without the extension it stops at our ops."""
+    model, _, _, _ = case("float32", "scale", "norm", -1, True, rng)
+    op_functions.attach(model)
+    assert op_functions.has_bodies(model)
+    with pytest.raises(RuntimeError, match="No conversion rule found for operations: rmsnorm_onnx"):
+        cores[False].read_model(model.SerializeToString(), b"")
+
+
+def test_extension_takes_nodes_of_several_signatures_in_one_file(cores, rng) -> None:
+    """Nodes of one op with other optional inputs have IR 10 overloaded bodies; the extension
+    converts each node by its own inputs and attributes."""
+    nodes = [
+        op_schema.make_node(["x", "w"], ["a"], epsilon=1e-5),
+        op_schema.make_node(["a"], ["b"], eps_outside=True, epsilon=1e-3),
+        op_schema.make_skip_node(["b", "x", "w", "w"], ["y", "s"], axis=-2),
+    ]
+    w = (1 + 0.2 * rng.standard_normal(8)).astype(np.float32)
+    graph = onnx.helper.make_graph(
+        nodes,
+        "several",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 8])],
+        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [4, 8]) for n in "ys"],
+        initializer=[onnx.numpy_helper.from_array(w, "w")],
+    )
+    opsets = [onnx.helper.make_opsetid("", 18), op_schema.opset_import()]
+    model = onnx.helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    op_functions.attach(model)
+    assert any(f.overload for f in model.functions)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    a = reference.rms_norm(x, w, epsilon=1e-5).astype(np.float32)
+    b = reference.rms_norm(a, epsilon=1e-3, eps_outside=True).astype(np.float32)
+    y, s = reference.skip_rms_norm(b, x, w, w, axis=-2)
+    got = run(compile_model(cores[True], model), {"x": x})
+    assert_matches(got[0].astype(np.float64), y, "float32")
+    assert_matches(got[1].astype(np.float64), s.astype(np.float64), "float32")
+
+
+@pytest.mark.parametrize("dtype_name", ["fp32", "fp16"])
+def test_fused_hf_llama_runs_like_torch_and_the_decomposed_form(cores, dtype_name: str) -> None:
+    model, ids, want = hf_llama(dtype_name)
+    ours = sum(n.domain == op_schema.DOMAIN for n in model.graph.node)
+    assert ours >= 3  # a SkipRMSNorm per residual norm, the final RMSNorm
+    compiled = compile_model(cores[True], model)
+    (fused,) = run(compiled, {"input_ids": ids})
+    assert layer_types(compiled).count("RMS") == ours  # each of our nodes in OpenVINO's kernel
+    decomposed, _ = fuse(model, target="decomposed")
+    (plain,) = run(compile_model(cores[False], decomposed), {"input_ids": ids})
+    dtype = {"fp32": "float32", "fp16": "float16"}[dtype_name]
+    rtol, atol = reference.tolerance(dtype)
+    np.testing.assert_allclose(fused.astype(np.float32), want, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(
+        fused.astype(np.float32), plain.astype(np.float32), rtol=rtol, atol=atol
+    )
