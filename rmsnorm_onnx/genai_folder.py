@@ -289,10 +289,12 @@ def fuse_folder(
     target: str = "custom",
     verify: bool = False,
     weights: str = "auto",
+    function_bodies: bool = True,
 ) -> FuseReport:
     """Write ``dst`` as ``src`` (an onnxruntime-genai model folder) with its model converted.
 
-    ``target`` and ``weights`` are those of :func:`rmsnorm_onnx.fusion.fuse_file`; ``verify`` runs
+    ``target``, ``weights`` and ``function_bodies`` are those of
+    :func:`rmsnorm_onnx.fusion.fuse_file`; ``verify`` runs
     both decoders in onnxruntime on a random prompt with an empty cache (inputs shaped from
     genai_config.json) and fails unless every output matches.
     ``dst`` must not exist or be an empty folder. Returns the model's fuse report, with notes on
@@ -318,7 +320,9 @@ def fuse_folder(
     try:
         carried = _carry_over(src_dir, tmp, plan)
         out_model = tmp / rel
-        report = fuse_file(model, out_model, target=target, weights=weights)
+        report = fuse_file(
+            model, out_model, target=target, weights=weights, function_bodies=function_bodies
+        )
         report.notes.append(f"carried over {carried} other file(s) of {src_dir}")
         if _uses_our_ops(out_model):
             if "custom_ops_library" in options and previous is None:

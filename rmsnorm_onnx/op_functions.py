@@ -36,7 +36,16 @@ from onnx import helper, numpy_helper
 from . import op_schema
 from .onnx_io import all_graphs
 
-__all__ = ["MIN_OPSET", "Attached", "Variant", "attach", "function", "has_bodies", "remove"]
+__all__ = [
+    "MIN_OPSET",
+    "Attached",
+    "Variant",
+    "attach",
+    "function",
+    "has_bodies",
+    "our_nodes",
+    "remove",
+]
 
 MIN_OPSET = 13
 FUNCTION_IR_VERSION = 8  # model-local functions
@@ -44,7 +53,6 @@ OVERLOAD_IR_VERSION = 10  # NodeProto/FunctionProto.overload
 _CASTLIKE_OPSET = 15
 _AXES_INPUT_OPSET = 18  # ReduceMean's axes moved from attribute to input
 _FLOAT = onnx.TensorProto.FLOAT
-_ATTRIBUTES = ("epsilon", "axis", "eps_outside")
 _INT, _FLOAT_ATTR = onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT
 
 
@@ -105,6 +113,18 @@ def _ref(name: str, kind: int, of: str) -> onnx.AttributeProto:
     return helper.make_attribute_ref(name, kind, ref_attr_name=of)
 
 
+def _rows(b: _Body, xf: str) -> tuple[str, str]:
+    """(``xf`` reshaped to [rows, prod(dims from @axis on)], ``xf``'s shape): the normalized dims
+    as one last axis. Not ``Flatten(axis=@axis)``: onnx's ReferenceEvaluator fails on an
+    attribute reference in an op of one input (onnx 1.23)."""
+    shape = b("Shape", xf)
+    axis = b("Constant", value_int=_ref("value_int", _INT, "axis"))
+    first = b("Reshape", b("Mod", axis, b("Size", shape)), b.const(np.array([1], np.int64)))
+    tail = b("Slice", shape, first, b.const(np.array([np.iinfo(np.int64).max], np.int64)))
+    cols = b("ReduceProd", tail, keepdims=1)  # every axis: the same at any opset
+    return b("Reshape", xf, b("Concat", b.const(np.array([-1], np.int64)), cols, axis=0)), shape
+
+
 def function(variant: Variant, opset: int, *, overload: str = "") -> onnx.FunctionProto:
     """The body of ``variant`` in ai.onnx ops of ``opset`` (13 on).
 
@@ -116,9 +136,20 @@ def function(variant: Variant, opset: int, *, overload: str = "") -> onnx.Functi
     if opset < _CASTLIKE_OPSET and not variant.elem_type:
         raise ValueError(f"below opset {_CASTLIKE_OPSET} a body must name X's type")
     b = _Body()
-    x = b("Add", "X", "skip", out="S") if variant.op_type == op_schema.SKIP_OP_TYPE else "X"
+
+    def to_x_type(value: str, out: str) -> str:
+        if variant.elem_type:
+            return b("Cast", value, to=variant.elem_type, out=out)
+        return b("CastLike", value, "X", out=out)
+
+    x = "X"
+    if variant.op_type == op_schema.SKIP_OP_TYPE:  # in float32: CPU onnxruntime has no bf16 Add
+        total = b("Add", b("Cast", "X", to=_FLOAT), b("Cast", "skip", to=_FLOAT))
+        # float32 holds a sum of two half values exactly or far from a rounding tie: cast to
+        # X's type it is the correctly rounded sum, what an Add of X's type gives
+        x = to_x_type(total, "S")
     xf = b("Cast", x, to=_FLOAT)
-    rows = xf if variant.axis == "last" else b("Flatten", xf, axis=_ref("axis", _INT, "axis"))
+    rows, shape = (xf, "") if variant.axis == "last" else _rows(b, xf)
     square = b("Pow", rows, b.const(np.array(2.0, np.float32)))
     if opset >= _AXES_INPUT_OPSET:
         ms = b("ReduceMean", square, b.const(np.array([-1], np.int64)), keepdims=1)
@@ -137,15 +168,12 @@ def function(variant: Variant, opset: int, *, overload: str = "") -> onnx.Functi
         root = b("Sqrt", b("Add", ms, eps))
     y = b("Div", rows, root)
     if variant.axis != "last":
-        y = b("Reshape", y, b("Shape", xf))
+        y = b("Reshape", y, shape)
     if variant.scale:
         y = b("Mul", y, b("Cast", "scale", to=_FLOAT))
     if variant.bias:
         y = b("Add", y, b("Cast", "bias", to=_FLOAT))
-    if variant.elem_type:
-        b("Cast", y, to=variant.elem_type, out="Y")
-    else:
-        b("CastLike", y, x, out="Y")
+    to_x_type(y, "Y")
     attributes = ["epsilon"]
     attributes += [] if variant.axis == "last" else ["axis"]
     attributes += ["eps_outside"] if variant.eps == "either" else []
@@ -178,7 +206,8 @@ def _ours(node: onnx.NodeProto) -> bool:
     return node.domain == op_schema.DOMAIN and node.op_type in op_schema.OP_TYPES
 
 
-def _our_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+def our_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Every node of our ops: main graph, subgraphs, functions."""
     return [node for graph in all_graphs(model) for node in graph.node if _ours(node)]
 
 
@@ -199,7 +228,7 @@ def remove(model: Any) -> int:
     if removed:
         del model.functions[:]
         model.functions.extend(kept)
-    for node in _our_nodes(model):
+    for node in our_nodes(model):
         node.ClearField("overload")
     return removed
 
@@ -218,7 +247,7 @@ def _remove_ir(model: Any) -> int:
 def has_bodies(model: onnx.ModelProto) -> bool:
     """Whether every node of ours has a model-local function to fall back on."""
     defined = {(f.domain, f.name, f.overload) for f in model.functions}
-    return all((n.domain, n.op_type, n.overload) in defined for n in _our_nodes(model))
+    return all((n.domain, n.op_type, n.overload) in defined for n in our_nodes(model))
 
 
 def _x_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -266,15 +295,15 @@ def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
     return default
 
 
-def _merge(signature: Variant, nodes: list[onnx.NodeProto]) -> Variant:
+def _merge(signature: Variant, nodes: list[onnx.NodeProto], sums: bool) -> Variant:
     """One body for all ``nodes`` (one signature): the fixed spelling where they agree, the
-    attribute where they do not."""
+    attribute where they do not; S declared where any node of the op (``sums``) asks for it."""
     outside = {_attr(n, "eps_outside", 0) == 1 for n in nodes}
     return dataclasses.replace(
         signature,
         eps="either" if len(outside) > 1 else "outside" if outside == {True} else "inside",
         axis="last" if all(_attr(n, "axis", -1) == -1 for n in nodes) else "any",
-        sum=any(len(n.output) > 1 and n.output[1] for n in nodes),
+        sum=sums,
     )
 
 
@@ -312,7 +341,7 @@ def attach(model: onnx.ModelProto) -> Attached:
     """
     remove(model)
     done = Attached()
-    nodes = _our_nodes(model)
+    nodes = our_nodes(model)
     if not nodes:
         return done
     opset = _default_opset(model)
@@ -333,7 +362,10 @@ def attach(model: onnx.ModelProto) -> Attached:
             continue
         groups.setdefault(_signature(node, elem), []).append(node)
 
-    variants = {sig: _merge(sig, members) for sig, members in groups.items()}
+    # S is declared by all bodies of the op or by none: onnxruntime 1.21, which runs one body
+    # for all nodes of an op, aborts the process on a node with fewer outputs than its body
+    sums = {n.op_type for n in nodes if len(n.output) > 1 and n.output[1]}
+    variants = {sig: _merge(sig, members, sig.op_type in sums) for sig, members in groups.items()}
     default: dict[str, Variant] = {}  # per op: the body with the most inputs, scale first
     for sig in sorted(groups, key=lambda s: (-len(s.inputs), not s.scale, -len(groups[s]), s)):
         default.setdefault(sig.op_type, sig)

@@ -180,8 +180,8 @@ def _convert_norm(ctx: NodeContext) -> list[Output]:
 
 
 def _convert_skip_norm(ctx: NodeContext) -> list[Output]:
-    """Y and S: S is X + skip in X's type, the value the norm reads. OpenVINO keeps only the
-    outputs the node names, so S costs nothing where the node does not ask for it."""
+    """Y and S, where S = X + skip in X's type is the value the norm reads anyway; OpenVINO
+    binds only the outputs the node names (a node without S simply leaves it unread)."""
     n = _Node(ctx, op_schema.SKIP_OP_TYPE)
     s = ops.add(n.x, n.skip).output(0)
     return [_norm(n, s), s]

@@ -20,7 +20,7 @@ from rmsnorm_onnx import reference
 
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
 DTYPES["bfloat16"] = np.dtype(reference.bfloat16)
-# the library takes element types as ONNX numbers (TensorProto.DataType), as dtype.h's table has them
+# the library takes element types as ONNX numbers (TensorProto.DataType), as dtype.h has them
 ONNX_TYPES = {name: helper.np_dtype_to_tensor_dtype(dt) for name, dt in DTYPES.items()}
 MODES = ("warp", "block")  # launch_choice.h's Mode
 FAMILIES = ("generic", "no_scale", "scale_same", "scale_f32")  # launch_choice.h's Family
@@ -162,7 +162,8 @@ class Emulator:
         scale_count: int = 0,
         bias_count: int = 0,
     ) -> _Params:
-        """launch_params.h's Params (pointers as addresses); a parameter pair defaults to full size."""
+        """launch_params.h's Params (pointers as addresses); a parameter pair defaults to full
+        size."""
         return _Params(
             x=x_addr,
             y=y_addr,

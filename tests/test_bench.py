@@ -132,8 +132,19 @@ def test_stream_copy_copies_every_pair_on_every_thread():
             for a, b in zip(src, dst, strict=True):
                 assert (b[5 : 5 + nbytes] == a[3 : 3 + nbytes]).all()
                 assert not b[:5].any() and not b[5 + nbytes :].any()  # nothing outside
-        timed = copy.timed(repeat=5, budget_s=0)
-        assert len(timed) == 3 and all(t > 0 for t in timed)  # at least 3, even over budget
+        copy.sample(repeat=5, budget_s=0)  # at least 3 of each kind, even over budget
+        assert len(copy.best()) == 3 and all(t > 0 for t in copy.best())
+
+
+def test_the_ceiling_is_the_faster_kind_of_copy():
+    a, b = np.zeros(4096, np.uint8), np.zeros(4096, np.uint8)
+    copy = stream_copy.StreamCopy([a.ctypes.data], [b.ctypes.data], 4096, 1)
+    copy.sample(repeat=3, budget_s=0)
+    plain, streamed = (copy.seconds(streaming=k, repeat=3) for k in (False, True))
+    copy._samples = {False: plain, True: [2 * max(plain)] * 3}
+    assert copy.best() == plain
+    copy._samples = {False: [2 * max(streamed)] * 3, True: streamed}
+    assert copy.best() == streamed
 
 
 def test_stream_copy_refuses_bad_arguments(monkeypatch, tmp_path):
@@ -339,6 +350,17 @@ def test_torch_is_timed_in_a_process_of_its_own():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["torch", "True", "True", "False"]
+
+
+def test_a_torch_process_that_dies_is_a_row_with_a_reason(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys, "executable", "false")  # exits at once, answers nothing
+    rows = bench.run([(2, 8)], ["float32"], ops=["skip"], impls=["torch"], repeat=3, budget_s=0)
+    ours, torch_row = rows
+    assert ours.available and ours.correct is True
+    assert not torch_row.available and torch_row.correct is None
+    assert torch_row.note == "not available: torch's process ended: no message"
 
 
 def _torch_outputs(op, feeds, weight):

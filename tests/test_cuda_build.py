@@ -16,7 +16,7 @@ import pytest
 
 REPORT_NAME = "rmsnorm_onnx_ptxas.txt"
 ARCHITECTURES = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
-BUDGET_ARCH = "sm_90"  # issue 13's register budgets are read at Hopper
+BUDGET_ARCH = "sm_90"  # the register budgets below are read at Hopper
 # dispatch.h, per op (RMSNorm, SkipRMSNorm): specialized kernels (full vectors; warp mode with 1
 # or 2 vectors per lane, block mode) of 2 families for float32 and 3 for each 16-bit type, and
 # Generic kernels (full vectors or element-wide; warp and block mode) for each type
@@ -25,7 +25,8 @@ GENERIC = 3 * 2 * 2
 KERNELS_PER_ARCHITECTURE = 2 * (SPECIALIZED + GENERIC)
 # rmsnorm.cu's launch bounds: ptxas may use 65536 / (threads x min blocks) registers
 MAX_REGISTERS = {"warp": 48, "block": 64, "generic warp": 128, "generic block": 128}
-# issue 13: every kernel but the Generic fallbacks <= 64 registers, the Warp kernels <= 48
+# every kernel but the Generic fallbacks <= 64 registers, the Warp kernels <= 48 (the occupancy
+# rmsnorm.cu's launch bounds plan for)
 BUDGET = {"warp": 48, "block": 64}
 FAMILIES = ("generic", "no_scale", "scale_same", "scale_f32")  # launch_choice.h's Family
 TYPES = {"f": "float32", "6__half": "float16", "13__nv_bfloat16": "bfloat16"}
@@ -153,7 +154,7 @@ def test_registers_fit_the_launch_bounds(kernels, arch):
 
 
 def test_register_budgets_at_sm_90(kernels):
-    """Issue 13: at sm_90, every kernel except the Generic fallbacks <= 64 registers, the Warp
+    """At sm_90, every kernel except the Generic fallbacks <= 64 registers, the Warp
     (small-row) kernels <= 48, for RMSNorm and SkipRMSNorm (spills: test_no_register_spills)."""
     over = [
         f"{k.name}: {k.registers} registers > {BUDGET[k.kind]}"

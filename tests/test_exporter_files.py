@@ -170,14 +170,18 @@ def test_every_norm_fuses(path: Path, target: str, fused, fused_library: str) ->
 
 
 @pytest.mark.parametrize("target", list(NORM_OPS))
-def test_every_residual_site_is_a_skip_norm(path: Path, target: str, fused, fused_library: str) -> None:
+def test_every_residual_site_is_a_skip_norm(
+    path: Path, target: str, fused, fused_library: str
+) -> None:
     model, report = fused(path, target)
     left = unabsorbed_residuals(model, target)
     assert left == [], f"{path.name} -> {target}: {left}\n{report.summary(verbose=True)}"
 
 
 @pytest.mark.parametrize("target", list(NORM_OPS))
-def test_fused_outputs_equal_the_original(path: Path, target: str, fused, fused_library: str) -> None:
+def test_fused_outputs_equal_the_original(
+    path: Path, target: str, fused, fused_library: str
+) -> None:
     model, report = fused(path, target)
     assert_same_outputs(path, model, f"{path.name} -> {target}: {report.summary()}")
 

@@ -204,3 +204,80 @@ def test_broadcast_proves_a_dim_only_where_the_others_are_one_or_the_same() -> N
     assert dims.equal(kept, 0, p, 0)
     assert not dims.equal(total, 0, p, 0)
     assert not dims.equal(total, 0, q, 0)
+
+
+def _probe(nodes, inits=(), extra_inputs=()) -> dict[str, ir.Value]:
+    """Values by name of a graph on x [b, s, 64], shapes inferred, the outputs y of rank 3 with
+    unnamed dims (as onnx's inference leaves what it cannot follow; the rules prove the rest)."""
+    inputs = [helper.make_tensor_value_info("x", F32, ["b", "s", H]), *extra_inputs]
+    graph = helper.make_graph(nodes, "g", inputs, [], initializer=list(inits))
+    model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(helper.make_model(graph)))
+    found = {v.name: v for v in model.graph.inputs}
+    for node in model.graph:
+        for v in node.outputs:
+            found[v.name] = v
+            if v.name.startswith("y"):
+                v.shape = ir.Shape([None, None, None])
+    return found
+
+
+def _ints(name: str, values) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, np.int64), name)
+
+
+def _size(k: int, out: str) -> list[onnx.NodeProto]:
+    return [
+        helper.make_node("Gather", ["shape", f"k{k}"], [f"d{k}"]),
+        helper.make_node("Unsqueeze", [f"d{k}", "zero"], [out]),
+    ]
+
+
+SIZES = [helper.make_node("Shape", ["x"], ["shape"]), *_size(0, "u0"), *_size(1, "u1")]
+SIZE_INITS = [_ints("k0", 0), _ints("k1", 1), _ints("zero", [0])]
+
+
+@pytest.mark.parametrize(
+    ("case", "y_axis", "x_axis", "equal"),
+    [
+        ("reshape-shape", 1, 1, True),
+        ("reshape-zero-minus-one", 1, 1, True),
+        ("reshape-minus-one-other", 1, 1, False),  # [0, -1, 16]: 4 s rows, not s
+        ("transpose", 0, 1, True),
+        ("slice-other-axis", 1, 1, True),
+        ("slice-this-axis", 1, 1, False),
+        ("expand-unknown", 1, 1, False),
+        ("matmul-rows", 1, 1, True),
+        ("matmul-batch-broadcast", 0, 0, False),  # b against another tensor's symbol
+        ("concat-other-axis", 1, 1, True),
+    ],
+)
+def test_dims_rules(case: str, y_axis: int, x_axis: int, equal: bool) -> None:
+    extra, inits, nodes = [], [], []
+    if case == "reshape-shape":
+        inits = [*SIZE_INITS, _ints("hd", [H])]
+        nodes = [*SIZES, helper.make_node("Concat", ["u0", "u1", "hd"], ["shp"], axis=0),
+                 helper.make_node("Reshape", ["x", "shp"], ["y"])]  # fmt: skip
+    elif case.startswith("reshape-"):
+        target = [0, -1, H] if case == "reshape-zero-minus-one" else [0, -1, 16]
+        inits = [_ints("shp", target)]
+        nodes = [helper.make_node("Reshape", ["x", "shp"], ["y"])]
+    elif case == "transpose":
+        nodes = [helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0, 2])]
+    elif case.startswith("slice"):
+        axis = -1 if case == "slice-other-axis" else 1
+        inits = [_ints("st", [0]), _ints("en", [2]), _ints("ax", [axis])]
+        nodes = [helper.make_node("Slice", ["x", "st", "en", "ax"], ["y"])]
+    elif case == "expand-unknown":
+        extra = [helper.make_tensor_value_info("to", I64, [3])]
+        nodes = [helper.make_node("Expand", ["x", "to"], ["y"])]
+    elif case == "matmul-rows":
+        inits = [numpy_helper.from_array(np.ones((H, 8), np.float32), "w")]
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    elif case == "matmul-batch-broadcast":
+        extra = [helper.make_tensor_value_info("z", F32, ["c", H, 8])]
+        nodes = [helper.make_node("MatMul", ["x", "z"], ["y"])]
+    elif case == "concat-other-axis":
+        extra = [helper.make_tensor_value_info("x2", F32, [None, None, 8])]
+        nodes = [helper.make_node("Concat", ["x2", "x"], ["y"], axis=-1)]
+    found = _probe(nodes, inits, extra)
+    assert Dims().equal(found["y"], y_axis, found["x"], x_axis) is equal

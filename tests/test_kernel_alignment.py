@@ -1,4 +1,4 @@
-"""Caller-owned buffers at any address (issue 11, item 1).
+"""Caller-owned buffers at any address.
 
 Through ORT's IOBinding a caller can hand the kernel input and output buffers at any byte
 address, not even a multiple of the element size. Every buffer (X, skip, scale, bias, Y, S) is

@@ -1,4 +1,4 @@
-"""What held up under attack stays held up (issue 11, "Held up"), in bounded form (seconds each).
+"""Concurrency and session churn, in bounded form (seconds each).
 
 Concurrent runs on shared sessions: several Python threads (ORT releases the GIL while it runs)
 share one session per (op, dtype, row kernel) and run shapes that change on every call; every

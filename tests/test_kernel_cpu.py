@@ -7,6 +7,7 @@ broadcast scales, the golden examples, thread-count independence and edge values
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from kernel_models import (
@@ -22,7 +23,7 @@ from kernel_models import (
 )
 from onnx import helper
 
-from rmsnorm_onnx import reference
+from rmsnorm_onnx import op_schema, reference
 from rmsnorm_onnx.runtime import session
 
 # (x shape, axis): awkward hidden sizes, every rank 1-4, axis negative/positive/0; the (64, 1024)
@@ -84,7 +85,7 @@ def test_constant_scale_and_bias(rng, dtype, pshape):
 
 
 def test_golden_examples():
-    # DESIGN §1: x=[2,4,6,8], g=[1.2,0.8,1.0,1.5]; X=[[1,2,3,4],[-1,-2,-3,-4]]
+    # DESIGN.md's worked examples: x=[2,4,6,8], g=[1.2,0.8,1.0,1.5]; X=[[1,2,3,4],[-1,-2,-3,-4]]
     x = np.array([2.0, 4.0, 6.0, 8.0], np.float32)
     g = np.array([1.2, 0.8, 1.0, 1.5], np.float32)
     y = run(make_model("float32", scale_dtype="float32", epsilon=0.0), x, g)
@@ -95,6 +96,37 @@ def test_golden_examples():
     y2 = run(make_model("float32", epsilon=0.0), x2)
     np.testing.assert_allclose(y2[0], [0.3651, 0.7303, 1.0954, 1.4606], atol=5e-5)
     np.testing.assert_allclose(y2[1], -y2[0])
+
+
+@pytest.mark.parametrize("op_type", op_schema.OP_TYPES)
+def test_default_epsilon_is_the_schemas(op_type):
+    """A node without the epsilon attribute normalizes with op_schema.DEFAULT_EPSILON (the C++
+    default must be the same number): rows whose mean square is near epsilon, where epsilon
+    twice or half as large gives another answer."""
+    eps = op_schema.DEFAULT_EPSILON
+    x = (np.linspace(-2.0, 2.0, 4 * 64).reshape(4, 64) * np.sqrt(eps)).astype(np.float32)
+    inputs = ["x", "skip"] if op_type == op_schema.SKIP_OP_TYPE else ["x"]
+    node = helper.make_node(op_type, inputs, ["y"], domain=op_schema.DOMAIN)
+    assert not node.attribute
+    t = onnx.TensorProto.FLOAT
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, t, x.shape) for n in inputs],
+        [helper.make_tensor_value_info("y", t, x.shape)],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), op_schema.opset_import()]
+    )
+    model.ir_version = 10
+    feeds = {"x": x, "skip": np.zeros_like(x)}
+    (y,) = session(model, providers=["cpu"]).run(None, {n: feeds[n] for n in inputs})
+    rtol, atol = reference.tolerance("float32")
+    for other in (2 * eps, eps / 2):  # the check can tell these apart
+        assert not np.allclose(
+            reference.rms_norm(x, epsilon=other), reference.rms_norm(x), rtol=rtol, atol=atol
+        )
+    np.testing.assert_allclose(y, reference.rms_norm(x, epsilon=eps), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

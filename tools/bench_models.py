@@ -21,10 +21,8 @@ that did not happen shows as a count, not as a silent tie.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -38,6 +36,7 @@ from onnx import helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout
 
 from rmsnorm_onnx import op_schema
+from rmsnorm_onnx.bench.machine import describe_machine
 from rmsnorm_onnx.bench.timing import Timing, round_robin
 
 VARIANTS = ("decomposed", "RMSNorm", "SkipRMSNorm", "contrib", "ort-optimizer")
@@ -309,15 +308,8 @@ def main() -> int:
     if bad := sorted(set(dtypes) - {"float32", "float16"}):
         p.error(f"dtypes are float32 and float16, not {bad}")
 
-    import onnxruntime as ort
-
-    load = os.getloadavg()
-    when = datetime.datetime.now(datetime.timezone.utc)
-    machine = (
-        f"{when:%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} cpu, onnxruntime "
-        f"{ort.__version__}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-    )
-    print(f"# {machine}")
+    machine = describe_machine()
+    print(f"# {machine['summary']}")
     print(
         f"# LlamaModel hidden {args.hidden}, {args.layers} layers, intermediate "
         f"{args.intermediate}, {args.heads}/{args.kv_heads} heads, vocab {args.vocab}; input "

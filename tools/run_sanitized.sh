@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU kernel tests under AddressSanitizer + UndefinedBehaviorSanitizer (issue 6, item 2).
+# The CPU kernel tests under AddressSanitizer + UndefinedBehaviorSanitizer.
 #
 #   tools/run_sanitized.sh [VENV]        # VENV defaults to .venv; run from anywhere
 #

@@ -69,7 +69,7 @@ __all__ = [
 _LAZY = {
     "run": "measure",
     "Row": "measure",
-    "default_threads": "measure",
+    "default_threads": "machine",
     "format_table": "report",
     "check_goals": "report",
 }

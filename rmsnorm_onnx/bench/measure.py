@@ -4,13 +4,13 @@ inputs, its answer checked, then timed in turns; beside them the memory ceiling.
 ORT sessions run through IO binding with preallocated inputs and outputs (on the GPU for CUDA), so
 allocation is not timed, with ``threads`` intra-op threads that sleep when idle. The ceiling
 (``stream_copy``) copies the same input buffers into the same output buffers on as many threads,
-just before the rounds. torch runs in a process of its own (``torch_worker``) after them.
+just before and after the rounds. torch runs in a process of its own (``torch_worker``) after
+them.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import RMSNormOnnxError, UsageError
 from . import check, models
+from .machine import default_threads
 from .ops import ALL_IMPLS, CEILING, DTYPES, OPS, OURS, TORCH, Op
 from .stream_copy import StreamCopy
 from .timing import CallFailed, Timing, round_robin
@@ -62,26 +63,6 @@ class Row:
         d["shape"] = list(self.shape)
         d["of_ceiling"] = self.of_ceiling
         return d
-
-
-def default_threads() -> int:
-    """One per physical core this process may run on (what onnxruntime picks by default)."""
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    cores, cpu = set(), None
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            package = None
-            for line in f:
-                key, _, value = (p.strip() for p in line.partition(":"))
-                if key == "processor":
-                    cpu = int(value)
-                elif key == "physical id":
-                    package = value
-                elif key == "core id" and (cpus is None or cpu in cpus):
-                    cores.add((package, value))
-    except (OSError, ValueError):
-        pass
-    return len(cores) or (len(cpus) if cpus else os.cpu_count() or 1)
 
 
 def _ort_runner(
@@ -151,13 +132,13 @@ def run(
     dtype, impl) order.
 
     ``shapes``: None for each op's default shapes. ``impls``: the implementations to time
-    besides ours (None: all; each op takes the ones it has). For one shape and dtype all ORT
-    implementations and the ceiling share the input and output buffers and are timed in turns.
-    ``repeat`` caps the timed runs, ``budget_s`` bounds the time per implementation (at least 3
-    runs). ``threads``: ORT's intra-op threads, torch's and the ceiling copy's (default: one per
-    physical core). ``check`` compares each one's outputs with the reference first. An
-    implementation that cannot run (not in this onnxruntime, no torch, no such dtype) gives a
-    row with NaN times and a note why.
+    besides ours (None: all; each op takes the ones it has). For one shape and dtype the ORT
+    implementations and the ceiling's copy share the input and output buffers; the ORT ones are
+    timed in turns, torch on the same values in its own process. ``repeat`` caps the timed runs,
+    ``budget_s`` bounds the time per implementation (at least 3 runs). ``threads``: ORT's
+    intra-op threads, torch's and the ceiling copy's (default: one per physical core). ``check``
+    compares each one's outputs with the reference first. An implementation that cannot run (not
+    in this onnxruntime, no torch, no such dtype) gives a row with NaN times and a note why.
     """
     provider = provider.lower()
     ops = list(dict.fromkeys(ops))
@@ -222,6 +203,14 @@ class _Measurement:
             self.notes[CEILING] = f"no memory ceiling: {e}"
             return None
 
+    def _copies(self, ceiling: StreamCopy | None, repeat: int, budget_s: float) -> None:
+        if ceiling is None or CEILING in self.notes:
+            return
+        try:
+            ceiling.sample(repeat=repeat, budget_s=budget_s)
+        except RMSNormOnnxError as e:
+            self.notes[CEILING] = f"no memory ceiling: {e}"
+
     def _runners(self, impls: list[str], checking: bool) -> dict[str, Callable[[], object]]:
         rows = check.sample_rows(math.prod(self.shape[:-1]))
         runners: dict[str, Callable[[], object]] = {}
@@ -253,11 +242,12 @@ class _Measurement:
     ) -> list[Row]:
         runners = self._runners([i for i in impls if i != TORCH], checking)
         times: dict[str, list[float]] = {}
-        if ceiling := self._ceiling():
-            # a block of its own before the rounds: interleaved, the copy's threads leave the
-            # outputs' lines in other cores' caches and slowed the next implementation (ours at
-            # 8x4096 SkipRMSNorm 0.017 -> 0.027 ms); the rounds' warm-up absorbs that here
-            times[CEILING] = ceiling.timed(repeat=repeat, budget_s=budget_s)
+        ceiling = self._ceiling()
+        # The ceiling runs in blocks of its own, half just before the rounds and half just after
+        # (the load on the machine seen at both ends). Interleaved, the copy's threads slowed the
+        # implementation timed next (ours at 8x4096 SkipRMSNorm 0.017 -> 0.028 ms); here the
+        # rounds' warm-up absorbs that.
+        self._copies(ceiling, repeat // 2, budget_s / 2)
         while runners:  # one that fails while timed gets the reason; the others are timed again
             try:
                 times |= round_robin(runners, repeat=repeat, budget_s=budget_s * len(runners))
@@ -266,6 +256,9 @@ class _Measurement:
                 self.notes[failed.name] = check.unavailable(failed.error)
                 del runners[failed.name]
         runners.clear()
+        self._copies(ceiling, repeat - repeat // 2, budget_s / 2)
+        if ceiling and CEILING not in self.notes:
+            times[CEILING] = ceiling.best()
         if TORCH in impls:
             got = torch_process.measure(
                 self.op, self.shape, self.dtype, self.provider, seed=self.seed, repeat=repeat,
@@ -281,7 +274,7 @@ class _Measurement:
 
     def _rows(self, impls: list[str], times: dict[str, list[float]]) -> list[Row]:
         itemsize = np.dtype(self.dtype).itemsize
-        ceiling = Timing.of(times.get(CEILING, []))
+        ceiling = Timing.of([] if CEILING in self.notes else times.get(CEILING, []))
         ceiling_gbps = self.op.copied_bytes(self.shape, itemsize) / (ceiling.median_ms * 1e6)
         ours = Timing.of(times.get(OURS, []))
         rows = []

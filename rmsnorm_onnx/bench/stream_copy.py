@@ -3,9 +3,9 @@
 Measured the way STREAM measures its Copy (``csrc/stream_copy.cc``, loaded through ctypes from
 ``librmsnorm_onnx_stream_copy``, built and installed beside the custom-op library): each thread
 copies its share of every input into an output, all threads start together and the time runs
-until the last is done, timed inside the library (no Python or ORT call in it). The copy uses
-plain stores or stores that bypass the caches, whichever is faster for the size: the ceiling is
-the best a copy does, so an op cannot beat it by the choice of stores.
+until the last is done, timed inside the library (no Python or ORT call in it). Copies with
+plain stores and with stores that bypass the caches are timed in turns and the faster kind is
+the ceiling: the best a copy does, so an op cannot beat it by its choice of stores.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import math
 import os
 import statistics
 import sys
@@ -73,8 +74,11 @@ def _function() -> Any:
 
 class StreamCopy:
     """Copies ``sources[i]`` to ``destinations[i]`` (addresses of ``nbytes`` each, not
-    overlapping) on ``threads`` threads, with the faster kind of stores (chosen when made);
-    ``bytes_moved`` is what one copy reads and writes."""
+    overlapping) on ``threads`` threads; ``bytes_moved`` is what one copy reads and writes.
+
+    ``sample`` times copies with plain stores and with stores that bypass the caches, in turns;
+    ``best`` is the seconds of the kind whose median is lower so far.
+    """
 
     def __init__(
         self, sources: Sequence[int], destinations: Sequence[int], nbytes: int, threads: int
@@ -86,9 +90,11 @@ class StreamCopy:
         self._dst = (ctypes.c_void_p * len(destinations))(*destinations)
         self.pairs, self.nbytes, self.threads = len(sources), nbytes, threads
         self.bytes_moved = 2 * self.pairs * nbytes
-        self.streaming = self._faster_stores()
+        self._samples: dict[bool, list[float]] = {False: [], True: []}
+        self._estimate = min(self.seconds(streaming=k)[0] for k in self._samples)
 
     def seconds(self, *, streaming: bool, repeat: int = 1) -> list[float]:
+        """One untimed copy, then ``repeat`` timed ones: their seconds."""
         out = (ctypes.c_double * repeat)()
         status = self._fn(
             self._src, self._dst, self.pairs, self.nbytes, self.threads, int(streaming), repeat, out
@@ -97,13 +103,12 @@ class StreamCopy:
             raise RMSNormOnnxError(f"stream copy failed: {_ERRORS.get(status, status)}")
         return list(out)
 
-    def _faster_stores(self) -> bool:
-        plain = statistics.median(self.seconds(streaming=False, repeat=3))
-        streamed = statistics.median(self.seconds(streaming=True, repeat=3))
-        self._estimate = min(plain, streamed)
-        return streamed < plain
+    def sample(self, *, repeat: int, budget_s: float) -> None:
+        """Up to ``repeat`` copies of each kind (at least 3) in about ``budget_s``."""
+        runs = max(3, min(repeat, int(budget_s / 2 / max(self._estimate, 1e-9))))
+        for _ in range(runs):
+            for streaming, samples in self._samples.items():
+                samples += self.seconds(streaming=streaming)
 
-    def timed(self, *, repeat: int, budget_s: float) -> list[float]:
-        """Seconds of each of up to ``repeat`` copies (at least 3) in about ``budget_s``."""
-        runs = max(3, min(repeat, int(budget_s / max(self._estimate, 1e-9))))
-        return self.seconds(streaming=self.streaming, repeat=runs)
+    def best(self) -> list[float]:
+        return min(self._samples.values(), key=lambda s: statistics.median(s) if s else math.inf)

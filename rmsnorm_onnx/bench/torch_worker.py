@@ -128,9 +128,9 @@ class TorchProcess:
             self.close()
             return Measured((), self._broken)
         reply = json.loads(line)
-        if "error" in reply:
-            return Measured((), reply["error"])
         idle = wait_idle(proc.pid)
+        if "error" in reply:
+            return Measured((), reply["error"], idle=idle)
         note = reply["note"]
         if idle is False:
             note = f"{note}; " if note else ""

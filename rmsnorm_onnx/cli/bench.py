@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import os
-import platform
 from pathlib import Path
 from typing import Any
 
 from ..bench import ALL_IMPLS, CEILING, DEFAULT_DTYPES, OPS, OURS, shape_text  # stdlib only
+from ..bench.machine import describe_machine
 from ..errors import UsageError
 from . import argtypes, console
 
@@ -103,6 +101,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="threads of onnxruntime, torch and the ceiling's copy (default: one per core)",
     )
+    p.add_argument(
+        "--max-gb",
+        type=argtypes.positive_float,
+        default=DEFAULT_MAX_GB,
+        metavar="GB",
+        help="refuse a shape whose inputs and outputs would take more than this, before "
+        "allocating them (default: %(default)s)",
+    )
     p.add_argument("--plot", metavar="FILE.png", help="draw GB/s against hidden size")
     p.add_argument("--json", metavar="FILE.json", help="write the rows and the machine as JSON")
     p.add_argument(
@@ -112,6 +118,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=run)
     return p
+
+
+DEFAULT_MAX_GB = 4.0
+
+
+def _check_sizes(
+    ops: list[str], shapes: list[tuple[int, ...]] | None, dtypes: list[str], max_gb: float
+) -> None:
+    """Like run's --max-input-gb: a shape too large for this machine is refused up front."""
+    itemsize = max({"float16": 2, "bfloat16": 2}.get(d, 4) for d in dtypes)
+    for name in ops:
+        for shape in OPS[name].shapes if shapes is None else shapes:
+            size = OPS[name].moved_bytes(shape, itemsize)
+            if size > max_gb * 1e9:
+                raise UsageError(
+                    f"--op {name} {shape_text(shape)}: its inputs and outputs take "
+                    f"{size / 1e9:.3g} GB, more than --max-gb {max_gb:g}"
+                )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     ops = list(dict.fromkeys(args.op or OPS))
     if args.budget <= 0:
         raise UsageError("--budget must be > 0")
+    _check_sizes(ops, shapes, dtypes, args.max_gb)
     for path in (args.plot, args.json):
         if path and not Path(path).parent.is_dir():
             raise UsageError(f"{path}: folder {Path(path).parent} does not exist")
@@ -148,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
             budget_s=args.budget,
             progress=starting,
         )
-    info = machine(args.provider, rows[0].threads if rows else None)
+    info = describe_machine(args.provider, rows[0].threads if rows else None)
     print(f"machine: {info['summary']}")
     print(bench.format_table(rows))
     if args.json:
@@ -167,61 +192,6 @@ def run(args: argparse.Namespace) -> int:
     for r in wrong:
         console.warn(f"{r.op} {bench.shape_text(r.shape)} {r.dtype} {r.impl}: {r.note}")
     return 1 if wrong else status
-
-
-def machine(provider: str, threads: int | None = None) -> dict[str, Any]:
-    """Where the numbers come from: CPU (or GPU), cores, threads, versions, date, load."""
-    import onnxruntime as ort
-
-    cpu = _cpu_model()
-    cores = os.cpu_count() or 0
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    device = f"{cpu}, {cores} cores" if provider == "cpu" else _gpu_name()
-    if threads:
-        device += f", {threads} threads"
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    summary = f"{device}; {platform.system()}; onnxruntime {ort.__version__}; {when}"
-    if load is not None:  # other work on the machine shows in the numbers: say how much
-        summary += f"; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-    return {
-        "cpu": cpu,
-        "cores": cores,
-        "threads": threads,
-        "provider": provider,
-        "device": device,
-        "onnxruntime": ort.__version__,
-        "python": platform.python_version(),
-        "date": when,
-        "load_average": list(load) if load is not None else None,
-        "summary": summary,
-    }
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def _gpu_name() -> str:
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-        return out.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "CUDA GPU"
 
 
 def _write_json(path: str, rows: list[Any], info: dict[str, Any]) -> None:

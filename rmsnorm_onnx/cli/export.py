@@ -100,6 +100,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="where to write the model (default: ./<model>.<rmsnorm>.onnx)",
     )
     p.add_argument(
+        "--no-function-bodies",
+        dest="function_bodies",
+        action="store_false",
+        help="--rmsnorm fused: write the bare ops, without their definition as ONNX functions "
+        "(with it, the file also runs where our library is not registered)",
+    )
+    p.add_argument(
         "--seed",
         type=int,
         default=0,
@@ -117,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"--all-samples writes its own files; drop {option}")
         return _all_samples(Path(args.all_samples))
     name = ALIASES.get(args.model, args.model)
+    _check_opset(args.opset, args.rmsnorm)
     out = Path(args.output) if args.output else Path(f"{_stem(name)}.{args.rmsnorm}.onnx")
     if out.suffix != ".onnx":
         console.warn(f"{out}: ONNX files usually end in .onnx")
@@ -128,12 +136,28 @@ def run(args: argparse.Namespace) -> int:
         dynamic=args.dynamic,
         dtype=args.dtype,
         seed=args.seed,
+        function_bodies=args.function_bodies,
     )
     from .describe import describe_model, file_size
 
     size = out.stat().st_size
     print(f"wrote {out}  ({describe_model(proto)}; {file_size(size)}; {seconds:.1f}s)")
     return 0
+
+
+def _check_opset(opset: int | None, rmsnorm: str) -> None:
+    """An opset the exporter writes as asked (outside it torch falls back to another, noisily)
+    and the fusion pass reads: from the form's minimum to the newest onnx knows."""
+    if opset is None:
+        return
+    from onnx import defs
+
+    lowest = 23 if rmsnorm == "standard" else 18  # torch_export.MIN_OPSET (which imports torch)
+    newest = defs.onnx_opset_version()
+    if not lowest <= opset <= newest:
+        raise UsageError(
+            f"--opset {opset}: --rmsnorm {rmsnorm} exports ai.onnx opsets {lowest}..{newest}"
+        )
 
 
 def export_model(
@@ -145,6 +169,7 @@ def export_model(
     dynamic: bool = True,
     dtype: str = "float32",
     seed: int = 0,
+    function_bodies: bool = True,
 ) -> tuple[Any, float]:
     """Export a built-in model (by name) or ``MODULE:FUNCTION`` to ``out``; (proto, seconds)."""
     start = time.monotonic()
@@ -164,6 +189,7 @@ def export_model(
                 opset=opset,
                 dynamic=dynamic,
                 output_names=output_names,
+                function_bodies=function_bodies,
             )
     return proto, time.monotonic() - start
 

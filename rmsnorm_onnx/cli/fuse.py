@@ -67,6 +67,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
+        "--no-function-bodies",
+        dest="function_bodies",
+        action="store_false",
+        help="write our ops bare, without their definition as ONNX functions (with it, OUT "
+        "also runs where our library is not registered)",
+    )
+    p.add_argument(
         "--in-place", action="store_true", help="allow OUT to be IN (or omit OUT) and rewrite it"
     )
     weights = p.add_mutually_exclusive_group()
@@ -108,7 +115,12 @@ def run(args: argparse.Namespace) -> int:
         if out is None or args.in_place:
             raise UsageError("IN is a folder: name a new OUT folder (--in-place is for files)")
         report = fuse_folder(
-            args.input, out, target=args.target, verify=args.verify, weights=args.weights
+            args.input,
+            out,
+            target=args.target,
+            verify=args.verify,
+            weights=args.weights,
+            function_bodies=args.function_bodies,
         )
     else:
         report = fuse_file(
@@ -118,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             verify=args.verify,
             in_place=args.in_place,
             weights=args.weights,
+            function_bodies=args.function_bodies,
         )
     written = out or Path(args.input)
     if args.json:

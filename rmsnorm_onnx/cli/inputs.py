@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import ml_dtypes
 import numpy as np
 import onnx
 
 from ..errors import InvalidModelError, UsageError
+
+T = TypeVar("T")
 
 DEFAULT_DIM = 4
 DEFAULT_INT_HIGH = 10
@@ -168,26 +171,36 @@ def load_arrays(
     arrays: dict[str, tuple[np.ndarray, str]] = {}
     if npz_path:
         path = Path(npz_path)
-        try:
-            with np.load(path, allow_pickle=False) as archive:
-                if not isinstance(archive, np.lib.npyio.NpzFile):
-                    raise UsageError(f"--inputs {path}: not an .npz archive (use --input for .npy)")
-                for key in archive.files:
-                    arrays[key] = (archive[key], f"{path.name}[{key}]")
-        except UsageError:
-            raise
-        except (OSError, ValueError, EOFError) as e:
-            raise UsageError(f"--inputs {path}: cannot read it ({_reason(e)})") from None
+        archive = _load(path, f"--inputs {path}")
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise UsageError(f"--inputs {path}: not an .npz archive (use --input for .npy)")
+        with archive:
+            for key in archive.files:
+                array = _read(lambda k=key: archive[k], f"--inputs {path}[{key}]")
+                arrays[key] = (array, f"{path.name}[{key}]")
     for name, value in parse_assignments(input_items, "--input").items():
         path = Path(value)
-        try:
-            array = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise UsageError(f"--input {name}={path}: cannot read it ({_reason(e)})") from None
+        array = _load(path, f"--input {name}={path}")
         if not isinstance(array, np.ndarray):
+            array.close()
             raise UsageError(f"--input {name}={path}: an .npz archive; use --inputs for it")
         arrays[name] = (array, path.name)
     return arrays
+
+
+def _load(path: Path, what: str) -> np.ndarray | np.lib.npyio.NpzFile:
+    return _read(lambda: np.load(path, allow_pickle=False), what)
+
+
+def _read(read: Callable[[], T], what: str) -> T:
+    """``read()``, with any way a user's .npy/.npz file can be unreadable (zipfile's, zlib's,
+    NumPy's format errors, OSError) as one usage error."""
+    try:
+        return read()
+    except MemoryError:
+        raise
+    except Exception as e:
+        raise UsageError(f"{what}: cannot read it ({_reason(e)})") from None
 
 
 def _reason(e: BaseException) -> str:

@@ -126,6 +126,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--save-outputs", metavar="FILE.npz", help="write the outputs to an .npz archive"
     )
+    p.add_argument(
+        "--no-library",
+        dest="library",
+        action="store_false",
+        help="leave the rmsnorm_onnx library unregistered: onnxruntime runs the function bodies "
+        "our ops carry instead of our kernels (what a user without the library gets)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -153,21 +160,28 @@ def run(args: argparse.Namespace) -> int:
         console.note(f"note: {line}")
     arrays = {name: feed.array for name, feed in feeds.items()}
 
-    session, library = _session(args.model, args.provider, args.threads)
+    session, library = _session(args.model, model, args.provider, args.threads, args.library)
     call = ort_run.runner(session, arrays)
     outputs = ort_run.checked(call)
     calls = [call]
     if args.compare:
         other_model = _load(args.compare)
         other_feeds = _feeds_for(inputs.input_specs(other_model), feeds, args.compare)
-        other_session, _ = _session(args.compare, args.provider, args.threads)
+        other_session, _ = _session(
+            args.compare, other_model, args.provider, args.threads, args.library
+        )
         other_call = ort_run.runner(other_session, other_feeds)
         other_outputs = ort_run.checked(other_call)
         calls.append(other_call)
     timings = ort_run.time_calls(calls, repeat=args.repeat, warmup=args.warmup)
 
     print(f"model     {args.model}  ({op_summary(model)})")
-    print(f"provider  {', '.join(session.get_providers())}  (library {library})")
+    print(
+        f"provider  {', '.join(session.get_providers())}  (library {library or 'not registered'})"
+    )
+    ran = _our_ops_ran_as(model, library)
+    if ran:
+        print(f"rmsnorm   {ran}")
     print("inputs")
     _table([(n, inputs.describe(f.array), f.source) for n, f in feeds.items()])
     print("outputs")
@@ -218,21 +232,49 @@ def _load(path: str) -> Any:
     return model
 
 
-def _session(path: str, provider: str, threads: int) -> tuple[Any, str]:
+def _session(
+    path: str, model: Any, provider: str, threads: int, library: bool
+) -> tuple[Any, str | None]:
+    """(session, the library registered in it or None)."""
     import onnxruntime as ort
 
-    from .. import runtime
+    from .. import op_functions, runtime
 
+    if not library and not op_functions.has_bodies(model):
+        raise RMSNormOnnxError(
+            f"{path}: its rmsnorm_onnx nodes carry no function bodies, so only our library runs "
+            "them: drop --no-library, or give them bodies with `rmsnorm-onnx fuse`"
+        )
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
     try:
-        session = runtime.session(path, providers=[provider], options=options)
+        if library:
+            session = runtime.session(path, providers=[provider], options=options)
+        else:
+            providers = runtime.resolve_providers([provider])
+            session = ort.InferenceSession(path, options, providers=providers)
     except RMSNormOnnxError:
         raise
     except Exception as e:  # ORT's own exception types for models it cannot load
         raise RMSNormOnnxError(f"{path}: onnxruntime cannot load it: {e}") from None
-    return session, str(runtime.library_path())
+    return session, str(runtime.library_path()) if library else None
+
+
+def _our_ops_ran_as(model: Any, library: str | None) -> str | None:
+    """Which code ran our ops. With our library registered onnxruntime runs our kernel for each
+    node, body or not (1.21 and 1.31 checked); without it, it inlines the nodes' bodies."""
+    from ..op_functions import our_nodes
+
+    count = len(our_nodes(model))
+    if not count:
+        return None
+    if library:
+        return f"{count} node(s) of ours, run by our kernels"
+    return (
+        f"{count} node(s) of ours, run as their function bodies (inlined by onnxruntime: the "
+        "library is not registered; our kernels are faster)"
+    )
 
 
 def _checksum(array: Any) -> str:

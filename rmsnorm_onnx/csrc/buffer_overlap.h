@@ -56,8 +56,8 @@ ForbiddenOverlap FindForbiddenOverlap(const BufferSpan (&spans)[N]) {
 inline const char* OverlapRule(const ForbiddenOverlap& f) {
   if (f.other->output) return "each output needs memory of its own";
   if (!f.other->row_shaped) {
-    return "every row reads scale and bias (and a skip broadcast over rows), so no output may "
-           "be bound over them";
+    return "every row reads that input (scale, bias, a skip broadcast over rows), so no output "
+           "may be bound over it";
   }
   return "an output may be bound to exactly an input's buffer (X, or a skip of X's shape) or to "
          "memory of its own, not to part of one";

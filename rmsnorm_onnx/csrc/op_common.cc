@@ -267,8 +267,8 @@ ParamView ReadParam(Ort::KernelContext& ctx, size_t input_count, size_t index, c
 
 namespace {
 
-// skip has X's shape, or X's shape with leading dims dropped or set to 1, and covers the
-// normalized dims [axis, rank) in full (as reference.skip_fits). Returns skip's row count.
+// Whether skip has X's shape, or X's shape with leading dims dropped or set to 1, and covers the
+// normalized dims [axis, rank) in full (as reference.skip_fits).
 bool SkipFits(const std::vector<int64_t>& x, const std::vector<int64_t>& skip, int64_t axis) {
   if (skip.size() > x.size()) return false;
   const size_t pad = x.size() - skip.size();

@@ -194,15 +194,23 @@ class Reader:
         self._memo.clear()
 
     def read(self, value: ir.Value, depth: int = 0) -> Product | Miss:
-        key = id(value)
-        cached = self._memo.get(key)
-        if cached is not None:
-            return cached
-        result = self._read(value, depth)
-        self._memo[key] = result
+        """``value`` as an operand: a value others read too is a leaf where it is something
+        times a tensor (Gemma's scaled embedding, a gated input, the previous norm's output):
+        that is the x a norm normalizes, not a product to open up."""
+        result = self.expand(value, depth)
+        if isinstance(result, Product) and _shared(value) and _has_plain_factor(result):
+            return Product.leaf(value)
         return result
 
-    def _read(self, value: ir.Value, depth: int) -> Product | Miss:
+    def expand(self, value: ir.Value, depth: int = 0) -> Product | Miss:
+        """``value`` opened up as far as the algebra goes (memoized)."""
+        key = id(value)
+        cached = self._memo.get(key)
+        if cached is None:
+            cached = self._memo[key] = self._expand(value, depth)
+        return cached
+
+    def _expand(self, value: ir.Value, depth: int) -> Product | Miss:
         const = constant_array(value, max_size=1)
         if const is not None and const.size == 1 and _is_number(const):
             number = float(const.reshape(()).astype(np.float64))
@@ -214,10 +222,6 @@ class Reader:
         if handler is None:
             return self._opaque(node, value, depth)
         result = handler(node, value, depth + 1)
-        if isinstance(result, Product) and _shared(value) and _linear(result):
-            # read elsewhere too (Gemma's scaled embedding, a gated input): this value is the x
-            # a norm normalizes, not a factor of it
-            return Product.leaf(value)
         expanded = isinstance(result, Product) and not result.constant
         if expanded and result.powers.get(term_key(value)) is None:  # the node is inside
             result = result.copy()
@@ -340,7 +344,7 @@ class Reader:
                 return Miss("the exponent of Pow of the mean is not a constant scalar", node)
             return Product.leaf(value)
         exponent = Fraction(e).limit_denominator(64)
-        if abs(float(exponent) - e) > 1e-9 or (base.coef < 0 and exponent.denominator != 1):
+        if abs(float(exponent) - e) > 1e-6 or (base.coef < 0 and exponent.denominator != 1):
             return Product.leaf(value)
         out = base.power(exponent)
         ndim = np.asarray(constant_array(node.inputs[1], max_size=1)).ndim
@@ -587,9 +591,10 @@ def _shared(value: ir.Value) -> bool:
     return value.is_graph_output() or len({id(n) for n in value.consumers()}) > 1
 
 
-def _linear(read: Product) -> bool:
-    """A product of plain factors (no statistic, every exponent 1), constants aside."""
-    return not read.constant and all(isinstance(t, ir.Value) and e == 1 for t, e in read.terms())
+def _has_plain_factor(read: Product) -> bool:
+    """A factor to the power 1: the value is something times a tensor (not a square, not a
+    statistic alone, whose other readers the report names)."""
+    return any(isinstance(t, ir.Value) and e == 1 for t, e in read.terms())
 
 
 def _is_plain_leaf(read: Product | Miss) -> bool:

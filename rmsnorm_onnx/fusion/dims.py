@@ -233,10 +233,14 @@ class Dims:
     def _slice(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
         axes = _axes(node, 3, "axes")
         if axes is None:  # every axis from 0 as far as starts go
-            starts = _axes(node, 1, "starts")
-            if starts is None:
+            starts = node.inputs[1] if len(node.inputs) > 1 else None
+            count = starts.shape[0] if _rank(starts) == 1 else None
+            known = _axes(node, 1, "starts")
+            if known is not None:
+                count = len(known)
+            if not isinstance(count, int):
                 return []
-            axes = list(range(len(starts)))
+            axes = list(range(count))
         if axis in {a % rank for a in axes}:
             return []
         return [self._at(node.inputs[0], axis, depth)]
@@ -253,10 +257,9 @@ class Dims:
 
     def _expand(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
         shape = self._elements(node.inputs[1], depth)
-        if shape is None or len(shape) != rank:
+        if shape is None or len(shape) != rank or not shape[axis]:
             return []
-        given = [(None, shape[axis])] if shape[axis] else []
-        return self._broadcast([(node.inputs[0], None), *given], rank, axis, depth)
+        return self._broadcast([(node.inputs[0], None), (None, shape[axis])], rank, axis, depth)
 
     def _reshape(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
         if node.attributes.get_int("allowzero", 0):
@@ -327,9 +330,9 @@ class Dims:
         if node.op_type == "Concat":
             parts = [self._elements(v, depth) for v in node.inputs]
             return None if any(p is None for p in parts) else [e for p in parts for e in p]
-        if node.op_type in ("Unsqueeze", "Reshape") and _rank(node.inputs[0]) in (0, 1):
-            if node.op_type == "Reshape" and _rank(shape) != 1:
-                return None
+        if node.op_type == "Unsqueeze" and _rank(node.inputs[0]) == 0 and _rank(shape) == 1:
+            return [self._scalar(node.inputs[0], depth)]
+        if node.op_type == "Reshape" and _rank(shape) == 1 and _rank(node.inputs[0]) in (0, 1):
             return [self._scalar(node.inputs[0], depth)]
         if node.op_type == "Slice":
             data = self._elements(node.inputs[0], depth)

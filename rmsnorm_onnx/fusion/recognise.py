@@ -80,7 +80,7 @@ def candidates(graph_nodes: Iterable[ir.Node], reader: Reader) -> list[ir.Node]:
     for node in graph_nodes:
         if node.domain not in ("", "ai.onnx") or node.op_type not in STATISTIC_OPS:
             continue
-        read = reader.read(node.outputs[0])
+        read = reader.expand(node.outputs[0])
         if isinstance(read, Miss) or read.statistic():
             found.append(node)
     return found
@@ -229,7 +229,7 @@ def examine(stat: ir.Node, reader: Reader) -> tuple[Norm | None, Verdict | None,
     miss: Verdict | None = None
     scale_misses: list[tuple[ir.Value, Verdict]] = []
     for value in reach(stat):
-        verdict = decide(value, reader.read(value), stat)
+        verdict = decide(value, reader.expand(value), stat)
         if verdict.norm is not None:
             why = other_use(verdict.norm)
             if why is None:

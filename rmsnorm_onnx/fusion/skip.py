@@ -9,18 +9,18 @@ output, so S replaces it (keeping its name); otherwise S is left out. Consumers 
 before the norm are moved after it by a topological sort of the graph.
 
 Runs after the Cast absorption: in fp16/bf16 exports the norm then reads the half Add directly.
-Where onnx's shape inference loses the dims of an operand (Phi-3's MLP after its Slices),
-onnxruntime's symbolic shape inference is asked once per model (:class:`ShapeHints`).
+Where onnx's shape inference loses the dims of an operand or names them apart (Phi-3's MLP after
+its Slices, an attention output reshaped from its input's Shape), :class:`dims.Dims` proves them
+equal from how the graph computes them. onnxruntime's symbolic shape inference is not asked: it
+merges two symbols a broadcast meets as if neither could be 1.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
 import sys
 from pathlib import Path
 
-import onnx
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
@@ -31,42 +31,11 @@ from .patterns import _fused_parts, emit
 from .values import dim_tokens
 
 LABEL = " +residual Add"
-_log = logging.getLogger(__name__)
-
-
-class ShapeHints:
-    """Main-graph shapes from onnxruntime's symbolic shape inference (it carries the symbols
-    through Shape/Slice arithmetic that onnx's leaves unknown); run once, only when needed."""
-
-    def __init__(self, proto: onnx.ModelProto | None) -> None:
-        self.proto = proto
-        self._table: dict[str, tuple[object, ...]] | None = None
-
-    def tokens(self, value: ir.Value) -> tuple[object, ...] | None:
-        if self.proto is None:
-            return None
-        if self._table is None:
-            self._table = self._infer()
-        return self._table.get(value.name or "")
-
-    def _infer(self) -> dict[str, tuple[object, ...]]:
-        try:
-            inferred = _symbolic_shape_inference().infer_shapes(
-                self.proto, auto_merge=True, guess_output_rank=True
-            )
-        except Exception as e:  # no sympy, an op it cannot follow: nothing more is proved
-            _log.debug("symbolic shape inference failed: %s", e)
-            return {}
-        table = {}
-        for info in inferred.graph.value_info:
-            if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
-                dims = info.type.tensor_type.shape.dim
-                table[info.name] = tuple(_token(d) for d in dims)
-        return table
 
 
 def _symbolic_shape_inference() -> type:
-    """onnxruntime's SymbolicShapeInference, loaded from its file: importing it as
+    """onnxruntime's SymbolicShapeInference (for element types only: see ``types``), loaded
+    from its file: importing it as
     ``onnxruntime.tools.symbolic_shape_infer`` runs ``onnxruntime/tools/__init__.py``, which
     imports torch where it is installed (fusion never imports torch, DESIGN §5)."""
     name = "rmsnorm_onnx._ort_symbolic_shape_infer"
@@ -85,12 +54,6 @@ def _symbolic_shape_inference() -> type:
     return module.SymbolicShapeInference
 
 
-def _token(dim: onnx.TensorShapeProto.Dimension) -> object:
-    if dim.HasField("dim_value"):
-        return dim.dim_value
-    return f"sym:{dim.dim_param}" if dim.dim_param else object()
-
-
 def _constant(value: ir.Value) -> bool:
     producer = value.producer()
     constant_node = producer is not None and producer.op_type == "Constant"
@@ -102,15 +65,11 @@ def _text(value: ir.Value) -> str:
 
 
 def x_and_skip(
-    a: ir.Value,
-    b: ir.Value,
-    axis: int,
-    hints: ShapeHints | None = None,
-    dims: Dims | None = None,
+    a: ir.Value, b: ir.Value, axis: int, dims: Dims | None = None
 ) -> tuple[ir.Value, ir.Value] | str:
     """(X, skip) for SkipRMSNorm from the Add's operands, or why they do not fit. Where the
     declared or inferred shapes prove nothing, ``dims`` proves dims equal from how the graph
-    computes them, and ``hints`` (main graph only) are asked."""
+    computes them."""
     for value in (a, b):
         if _constant(value):
             return f"the Add has a constant operand '{value.name}': a bias, not a residual"
@@ -121,8 +80,6 @@ def x_and_skip(
     shapes = [(dim_tokens(a), dim_tokens(b))]
     if dims is not None:
         shapes.append(dims.aligned(a, b) or (None, None))
-    if hints is not None:
-        shapes.append((hints.tokens(a), hints.tokens(b)))
     for ta, tb in shapes:
         if ta is None or tb is None:
             continue
@@ -144,11 +101,9 @@ def x_and_skip(
 class ResidualAdd(pattern.RewriteRuleClassBase):
     """RMSNorm(Add(a, b), ...) -> SkipRMSNorm(X, skip, ...), S replacing the sum if it is read."""
 
-    def __init__(
-        self, keep_sum: bool, hints: ShapeHints | None = None, dims: Dims | None = None
-    ) -> None:
+    def __init__(self, keep_sum: bool, dims: Dims | None = None) -> None:
         super().__init__(name="residual Add" + (" (sum read)" if keep_sum else ""))
-        self.keep_sum, self.hints, self.dims = keep_sum, hints, dims
+        self.keep_sum, self.dims = keep_sum, dims
         self._order: tuple[ir.Value, ir.Value] | None = None
 
     def pattern(self, op, a, b):
@@ -161,8 +116,7 @@ class ResidualAdd(pattern.RewriteRuleClassBase):
     def check(self, context, a, b, normed, **_):
         result = pattern.MatchResult()
         axis = normed.producer().attributes.get_int("axis", op_schema.DEFAULT_AXIS)
-        main = context.graph_or_function is context.model.graph
-        found = x_and_skip(a, b, axis, self.hints if main else None, self.dims)
+        found = x_and_skip(a, b, axis, self.dims)
         if isinstance(found, str):
             return result.fail(found, normed.producer().inputs[0])
         self._order = found
@@ -183,11 +137,11 @@ class ResidualAdd(pattern.RewriteRuleClassBase):
         )
 
 
-def rules(proto: onnx.ModelProto | None = None) -> list[pattern.RewriteRule]:
-    """Without S first: S only where the sum is read elsewhere or is a graph output. ``proto``:
-    the input model, for :class:`ShapeHints`."""
-    hints, dims = ShapeHints(proto), Dims()
-    return [ResidualAdd.rule(False, hints, dims), ResidualAdd.rule(True, hints, dims)]
+def rules() -> list[pattern.RewriteRule]:
+    """Without S first: S only where the sum is read elsewhere or is a graph output. The two
+    share what they proved about dims."""
+    dims = Dims()
+    return [ResidualAdd.rule(False, dims), ResidualAdd.rule(True, dims)]
 
 
 def sort(model: ir.Model) -> None:

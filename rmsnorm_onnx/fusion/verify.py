@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -72,23 +74,50 @@ def _session(model: onnx.ModelProto, base_dir: Path | None) -> Any:
     return ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
 
 
-def random_inputs(sess: Any, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs of the declared shapes; each symbolic dim name gets one small size (2, 3, 4...)."""
-    rng = np.random.default_rng(seed)
+# Dims a decoder's inputs must agree on, by the names exporters give them: optimum writes the
+# attention mask's length as "past_sequence_length + sequence_length", onnxruntime-genai's builder
+# as "total_sequence_length".
+_SUM = re.compile(r"\s*[\w.]+(?:\s*\+\s*[\w.]+)+\s*")
+_DERIVED = {"total_sequence_length": ("past_sequence_length", "sequence_length")}
+
+
+def dim_sizes(names: Iterable[str]) -> dict[str, int]:
+    """A size for each symbolic dim name: a small one (2, 3, 4, ...) each, except for dims that
+    are the sum of others (``a + b``, ``total_sequence_length``), which get that sum."""
+    names = list(dict.fromkeys(names))
+    terms: dict[str, list[str]] = {}
+    for name in names:
+        if _SUM.fullmatch(name):
+            terms[name] = [t.strip() for t in name.split("+")]
+        elif name in _DERIVED and all(part in names for part in _DERIVED[name]):
+            terms[name] = list(_DERIVED[name])
     sizes: dict[str, int] = {}
+    free = [n for n in names if n not in terms] + [
+        t for parts in terms.values() for t in parts if not t.isdigit()
+    ]
+    for name in dict.fromkeys(free):
+        sizes[name] = 2 + len(sizes) % 3
+    for name, parts in terms.items():
+        sizes[name] = sum(int(t) if t.isdigit() else sizes[t] for t in parts)
+    return sizes
+
+
+def random_inputs(sess: Any, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs of the declared shapes, symbolic dims sized by ``dim_sizes``; an attention mask is
+    all ones (a row masked out entirely gives NaN in both models, which would prove nothing)."""
+    rng = np.random.default_rng(seed)
+    args = sess.get_inputs()
+    sizes = dim_sizes(str(d) for a in args for d in a.shape if not (isinstance(d, int) and d >= 0))
     feeds = {}
-    for arg in sess.get_inputs():
-        shape = []
-        for dim in arg.shape:
-            if isinstance(dim, int) and dim >= 0:
-                shape.append(dim)
-            else:
-                shape.append(sizes.setdefault(str(dim), 2 + len(sizes) % 3))
+    for arg in args:
+        shape = [d if isinstance(d, int) and d >= 0 else sizes[str(d)] for d in arg.shape]
         dtype = _NUMPY.get(arg.type)
         if dtype is None:
             raise RMSNormOnnxError(f"verify: cannot make random input '{arg.name}' of {arg.type}")
         if dtype == np.bool_:
             feeds[arg.name] = rng.random(shape) < 0.5
+        elif np.issubdtype(dtype, np.integer) and "attention_mask" in arg.name:
+            feeds[arg.name] = np.ones(shape, dtype)
         elif np.issubdtype(dtype, np.integer):
             feeds[arg.name] = rng.integers(0, 4, size=shape).astype(dtype)
         else:

@@ -1,14 +1,25 @@
-"""Write every entry of the chosen generator modules into OUT_DIR (fixed seeds)."""
+"""Write every entry of the chosen generator modules into OUT_DIR (fixed seeds). Each module
+runs in a process of its own: Keras picks its backend at import, and TensorFlow, JAX, Paddle
+and torch are best not loaded side by side."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 TOOLS = ("keras_tf", "jax_flax", "paddle_llama", "olive_l2norm")
+
+
+def _generate(tool: str, out: Path) -> None:
+    module = importlib.import_module(f"exporters.{tool}")
+    for entry in module.entries():
+        path = entry.write(out)
+        print(f"{path}: {entry.norms} norm(s), opset {entry.opset}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,12 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(wanted) - set(TOOLS))
     if unknown:
         parser.error(f"unknown tool(s): {', '.join(unknown)}")
+    if len(wanted) == 1:
+        _generate(wanted[0], args.out)
+        return 0
+    here = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
     for tool in wanted:
         started = time.monotonic()
-        module = importlib.import_module(f"exporters.{tool}")
-        for entry in module.entries():
-            path = entry.write(args.out)
-            print(f"{path}: {entry.norms} norm(s), opset {entry.opset}", flush=True)
+        cmd = [sys.executable, "-m", "exporters", str(args.out), "--tools", tool]
+        if subprocess.run(cmd, env=env).returncode != 0:
+            print(f"{tool}: failed", file=sys.stderr)
+            return 1
         print(f"{tool}: {time.monotonic() - started:.1f}s", flush=True)
     return 0
 

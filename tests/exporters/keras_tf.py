@@ -12,12 +12,12 @@ from pathlib import Path
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import tf2onnx  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
+import tf2onnx
 
-from .common import Entry, count_calls  # noqa: E402
+from .common import Entry, count_calls
 
 OPSETS = (17, 18)
 VOCAB, BATCH, SEQ, HIDDEN = 64, 2, 8, 32
@@ -130,7 +130,9 @@ def _backbones() -> dict[str, tuple[Callable[[], keras.Model], tuple[str, ...]]]
             decoder,
         ),
         "t5": (
-            lambda: keras_hub.models.T5Backbone(num_heads=4, key_value_dim=8, dropout=0.0, **common),
+            lambda: keras_hub.models.T5Backbone(
+                num_heads=4, key_value_dim=8, dropout=0.0, **common
+            ),
             (
                 "encoder_token_ids",
                 "encoder_padding_mask",

@@ -225,9 +225,10 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
   return 0;
 }
 
-// launch_protocol.h, bug 1: `threads` threads each launch `launches` times, alternating between a
-// long-row configuration over the default shared-memory limit and a larger one, all on one kernel
-// and device. Out: how often the limit was raised, how many launches failed, the limit left.
+// launch_protocol.h's shared-memory limit under racing launches: `threads` threads each launch
+// `launches` times, alternating between a long-row configuration over the default shared-memory
+// limit and a larger one, all on one kernel and device (a limit set per launch let one thread
+// lower it between another's set and launch). Out: how often the limit was raised, how many launches failed, the limit left.
 __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_shared_limit_race(
     int32_t threads, int32_t launches, int32_t max_smem_bytes, int64_t* raises,
     int64_t* failures, int64_t* limit) {
@@ -252,8 +253,9 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_shared_limit_ra
   return 0;
 }
 
-// launch_protocol.h, bug 2: with an earlier, unrelated error pending in the last-error slot, a launch
-// that succeeds must report success (`launch_error` 0), and a launch that fails its own error.
+// launch_protocol.h's error reporting: with an earlier, unrelated error pending in the last-error
+// slot, a launch that succeeds must report success (`launch_error` 0), and a launch that fails
+// its own error.
 // Returns the message (empty on success); `*pending_after`: the last-error slot afterwards.
 __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_stale_error(
     int32_t launch_error, int32_t* pending_after, char* error, int64_t error_len) {

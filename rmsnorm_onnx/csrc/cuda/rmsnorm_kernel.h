@@ -2,8 +2,9 @@
 //   CudaPrimitives (primitives_cuda.cuh): threadIdx, __shfl_xor_sync, __syncthreads, LDG/STG;
 //   HostPrimitives (primitives_host.h):  fibers, an exact shuffle emulation, checked memory.
 // nvcc compiles it into the kernels of rmsnorm.cu; g++ compiles it into the emulation the tests
-// run. Policy surface: ThreadIdx Warp BlockDim BlockIdx GridDim ShflXor AnySync SyncThreads
-// ReductionSlots DynamicShared Load LoadReadOnly Store ToFloat FromFloat<T> Sqrt Rsqrt Reciprocal.
+// run. Policy surface: Storage<DType> ThreadIdx Warp BlockDim BlockIdx GridDim ShflXor AnySync
+// SyncWarp SyncThreads ReductionSlots DynamicShared Load LoadReadOnly Prefetch Opaque Store
+// ToFloat FromFloat<T> Sqrt Rsqrt Reciprocal.
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -198,251 +199,380 @@ RMSNORM_DEVICE bool ParamVectorOk(const ParamRef& p, int head) {
 template <typename T, Family F>
 using ScaleType = std::conditional_t<F == Family::kScaleF32, float, T>;
 
-// The rare path of NormRows for a row (group) whose float32 sum of squares `ss` overflowed:
-// RMSNorm(x) = RMSNorm(x * 2^-k), with k such that the largest magnitude m < 2^(k+1), so the
-// scaled squares cannot overflow. Element by element from memory (`value(col, false)` gives X or
-// S). Rows of the group that did not overflow (a warp's other rows) take it too, unscaled.
-template <class P, typename T, bool WARP, class Value>
-RMSNORM_DEVICE void RescaledRow(const KernelArgs& a, Value&& value, T* y, int cols, int rank,
-                                int lanes, int parity, float ss) {
+// ----------------------------------------------------------------------------- one row
+
+// How the threads of a row group (a `lanes`-wide slice of a warp, or the whole block) split the
+// rows, and this thread's place in it.
+struct Lane {
+  int rank;    // this thread's index in its row group
+  int lanes;   // threads per row
+  int parity;  // row counter's parity: selects the block reduction's slot arrays
+};
+
+// One row as its threads see it:
+//
+//   [ head: < VEC scalars | nvec aligned VEC-vectors, vector v -> thread v % lanes | tail ]
+//
+// Only Generic has a head or tail: the head brings the row's vector part to a 16-byte boundary;
+// the launcher guarantees that X, skip, Y and S rows are misaligned alike (else VEC == 1).
+// Vectors v < reg_end stay in registers (ITEMS per thread), the next ones up to cache_end in
+// shared memory (block mode), the rest are read again in the normalize pass. A row group past the
+// last row (`active` false) runs along with an empty row: its lanes take part in the shuffles.
+template <typename T, int VEC>
+struct RowView {
+  using V = Pack<T, VEC>;
+  const T* x;
+  const T* skip;  // SkipRMSNorm
+  T* s;           // S, or nullptr when not stored
+  T* y;
+  const V* xv;  // the vector part of each
+  const V* skipv;
+  V* sv;
+  V* yv;
+  int cols;
+  int head, nvec, tail0, ntail;
+  int reg_end, cache_end;
+  bool active;
+};
+
+template <typename T, int VEC, int ITEMS, bool GENERIC, bool SKIP>
+RMSNORM_DEVICE RowView<T, VEC> LocateRow(const KernelArgs& a, int64_t row, bool active,
+                                         const Lane& l) {
+  using V = Pack<T, VEC>;
+  RowView<T, VEC> r;
+  r.cols = a.cols;
+  r.active = active;
+  r.x = static_cast<const T*>(a.x) + row * r.cols;
+  r.skip = SKIP ? static_cast<const T*>(a.skip) + (row % a.skip_rows) * r.cols : nullptr;
+  r.s = SKIP && a.sum ? static_cast<T*>(a.sum) + row * r.cols : nullptr;
+  r.y = static_cast<T*>(a.y) + row * r.cols;
+  r.head = 0;
+  if constexpr (GENERIC && VEC > 1) {
+    const uintptr_t mis = reinterpret_cast<uintptr_t>(r.x) % sizeof(V);
+    r.head = mis ? static_cast<int>((sizeof(V) - mis) / sizeof(T)) : 0;
+    r.head = r.head < r.cols ? r.head : r.cols;
+  }
+  r.nvec = active ? (r.cols - r.head) / VEC : 0;
+  r.tail0 = r.head + r.nvec * VEC;
+  r.ntail = active && GENERIC ? r.cols - r.tail0 : 0;
+  r.xv = reinterpret_cast<const V*>(r.x + r.head);
+  // (no offset on a null pointer: undefined behaviour, which the sanitizer run would catch)
+  r.skipv = SKIP ? reinterpret_cast<const V*>(r.skip + r.head) : nullptr;
+  r.sv = r.s != nullptr ? reinterpret_cast<V*>(r.s + r.head) : nullptr;
+  r.yv = reinterpret_cast<V*>(r.y + r.head);
+  r.reg_end = ITEMS * l.lanes < r.nvec ? ITEMS * l.lanes : r.nvec;
+  r.cache_end = r.reg_end + a.cache_vectors < r.nvec ? r.reg_end + a.cache_vectors : r.nvec;
+  return r;
+}
+
+// Vector v of what the row normalizes: X, or (SkipRMSNorm) S = X + skip, stored to S as it is
+// formed when `store` (the load pass).
+template <class P, typename T, int VEC, bool SKIP>
+RMSNORM_DEVICE Pack<T, VEC> FetchVector(const RowView<T, VEC>& r, int v, bool store) {
+  Pack<T, VEC> out = P::LoadReadOnly(r.xv + v);
+  if constexpr (SKIP) {
+    out = AddRounded<P, T, VEC>(out, P::LoadReadOnly(r.skipv + v));
+    if (store && r.s != nullptr) P::Store(r.sv + v, out);
+  }
+  return out;
+}
+
+// The same for element `col` (a Generic row's head and tail).
+template <class P, typename T, int VEC, bool SKIP>
+RMSNORM_DEVICE float FetchScalar(const RowView<T, VEC>& r, int col, bool store) {
+  T out = P::LoadReadOnly(r.x + col);
+  if constexpr (SKIP) {
+    out = P::template FromFloat<T>(P::ToFloat(out) + P::ToFloat(P::LoadReadOnly(r.skip + col)));
+    if (store && r.s != nullptr) P::Store(r.s + col, out);
+  }
+  return P::ToFloat(out);
+}
+
+// Vector v again, after the load pass stored it: read back from S where S is stored, since an
+// in-place update may have bound S over X or skip (and the read-only path may not see a store of
+// the same launch); this thread stored it, as both passes give vector v to the same thread.
+// Otherwise X (and skip) again.
+template <class P, typename T, int VEC, bool SKIP>
+RMSNORM_DEVICE Pack<T, VEC> FetchAgain(const RowView<T, VEC>& r, int v) {
+  if constexpr (SKIP) {
+    if (r.s != nullptr) return P::Load(r.sv + v);
+  }
+  return FetchVector<P, T, VEC, SKIP>(r, v, false);
+}
+
+// Element `col` again (the rescue), as FetchAgain; S of col may have been stored by another
+// thread: the caller has synchronized.
+template <class P, typename T, int VEC, bool SKIP>
+RMSNORM_DEVICE float FetchScalarAgain(const RowView<T, VEC>& r, int col) {
+  if constexpr (SKIP) {
+    if (r.s != nullptr) return P::ToFloat(P::Load(r.s + col));
+  }
+  return FetchScalar<P, T, VEC, SKIP>(r, col, false);
+}
+
+// This thread's vectors in [begin, end) of a long row (block mode): v = begin + rank + k * lanes,
+// kBatch loads in flight before their uses (2 x 16 B x 1024 threads per SM; 4 spilled under the
+// 64-register cap).
+template <typename V, class Load, class Use>
+RMSNORM_DEVICE void ForBatches(int begin, int end, const Lane& l, Load&& load, Use&& use) {
+  constexpr int kBatch = 2;
+  RMSNORM_NO_UNROLL
+  for (int v0 = begin + l.rank; v0 < end; v0 += kBatch * l.lanes) {
+    V r[kBatch];
+    RMSNORM_UNROLL
+    for (int u = 0; u < kBatch; ++u)
+      if (v0 + u * l.lanes < end) r[u] = load(v0 + u * l.lanes);
+    RMSNORM_UNROLL
+    for (int u = 0; u < kBatch; ++u)
+      if (v0 + u * l.lanes < end) use(r[u], v0 + u * l.lanes);
+  }
+}
+
+// The specialized kernels' scale, loaded beside X in the load pass, before the reduction, so its
+// latency hides behind X's and the reduction's: one vector per thread in registers (the first;
+// block kernels and 1-vector warp kernels), any other prefetched into L1 (no registers), where
+// the normalize pass finds it. Holding more spilled at the register caps (48 for warp kernels, 64
+// for 1024-thread blocks).
+template <class P, typename T, int VEC, int ITEMS, Mode M, Family F>
+struct ScaleAhead {
+  using S = ScaleType<T, F>;
+  static constexpr bool kScale = F == Family::kScaleSame || F == Family::kScaleF32;
+  static constexpr int kHeld = kScale && (M == Mode::kBlock || ITEMS == 1) ? 1 : 0;
+  Pack<S, VEC> held[kHeld > 0 ? kHeld : 1] = {};
+
+  RMSNORM_DEVICE void Load(const KernelArgs& a, int nvec, const Lane& l) {
+    const S* row = static_cast<const S*>(a.scale.ptr);
+    RMSNORM_UNROLL
+    for (int i = 0; i < (kScale ? ITEMS : 0); ++i) {
+      const int v = l.rank + i * l.lanes;
+      if (v >= nvec) continue;
+      if (i < kHeld)
+        held[i < kHeld ? i : 0] = LoadChunks<P, S, VEC>(row + v * VEC);
+      else
+        P::Prefetch(row + v * VEC, sizeof(Pack<S, VEC>));
+    }
+  }
+  // The scale of vector v, the thread's item i (-1: not an item).
+  RMSNORM_DEVICE Pack<S, VEC> At(const KernelArgs& a, int i, int v) const {
+    return i >= 0 && i < kHeld ? held[i < kHeld ? i : 0]
+                               : LoadChunks<P, S, VEC>(static_cast<const S*>(a.scale.ptr) + v * VEC);
+  }
+  RMSNORM_DEVICE void KeepPacked() {
+    RMSNORM_UNROLL
+    for (int i = 0; i < kHeld; ++i) P::Opaque(held[i]);
+  }
+};
+
+// A Generic row's head and tail elements of this thread (pass 1 to pass 2).
+struct Edges {
+  float head = 0.f;
+  float tail = 0.f;
+};
+
+// Pass 1: loads this thread's share of the row (several loads in flight), forms and stores S for
+// SkipRMSNorm, keeps the first ITEMS vectors in `regs` and parks the next ones in shared memory,
+// loads the scale ahead, and returns the thread's float32 sum of squares.
+template <class P, typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
+RMSNORM_DEVICE float LoadAndSum(const KernelArgs& a, const RowView<T, VEC>& r, const Lane& l,
+                                Pack<T, VEC> (&regs)[ITEMS],
+                                ScaleAhead<P, T, VEC, ITEMS, M, F>& scale, Edges& edges) {
+  using V = Pack<T, VEC>;
+  if constexpr (F == Family::kGeneric) {
+    if (l.rank < r.head && r.active) edges.head = FetchScalar<P, T, VEC, SKIP>(r, l.rank, true);
+    if (l.rank < r.ntail) edges.tail = FetchScalar<P, T, VEC, SKIP>(r, r.tail0 + l.rank, true);
+  }
+  float ss = edges.head * edges.head + edges.tail * edges.tail;
+  auto fetch = [&](int v) { return FetchVector<P, T, VEC, SKIP>(r, v, true); };
+  if constexpr (M == Mode::kBlock) {
+    // first the vectors past the registers' share, while that share is not yet live; each thread
+    // parks its own vectors, so no barrier is needed between the passes
+    V* cache = static_cast<V*>(P::DynamicShared());
+    ForBatches<V>(r.reg_end, r.cache_end, l, fetch, [&](const V& in, int v) {
+      ss += SumSquares<P, T, VEC>(in);
+      P::Store(cache + (v - r.reg_end), in);
+    });
+    ForBatches<V>(r.cache_end, r.nvec, l, fetch,
+                  [&](const V& in, int) { ss += SumSquares<P, T, VEC>(in); });
+  }
+  RMSNORM_UNROLL
+  for (int i = 0; i < ITEMS; ++i)
+    if (l.rank + i * l.lanes < r.nvec) regs[i] = fetch(l.rank + i * l.lanes);
+  scale.Load(a, r.nvec, l);
+  RMSNORM_UNROLL
+  for (int i = 0; i < ITEMS; ++i)
+    if (l.rank + i * l.lanes < r.nvec) ss += SumSquares<P, T, VEC>(regs[i]);
+  return ss;
+}
+
+template <class P>
+RMSNORM_DEVICE float InverseRms(const KernelArgs& a, float ss) {
+  const float ms = ss * a.inv_cols;
+  return a.eps_outside ? P::Reciprocal(P::Sqrt(ms) + a.epsilon) : P::Rsqrt(ms + a.epsilon);
+}
+
+// Y = value * rstd (* scale) (+ bias) for a vector or an element of the row.
+template <class P, typename T, int VEC, int ITEMS, Mode M, Family F>
+struct Normalizer {
+  static constexpr bool kGeneric = F == Family::kGeneric;
+  static constexpr bool kScale = F == Family::kScaleSame || F == Family::kScaleF32;
+  const KernelArgs& a;
+  const RowView<T, VEC>& r;
+  const ScaleAhead<P, T, VEC, ITEMS, M, F>& scale;
+  float rstd;
+  bool scale_vec;  // Generic: scale / bias vectors contiguous and aligned with the row's
+  bool bias_vec;
+
+  // Vector v, the thread's item i (-1: not an item).
+  RMSNORM_DEVICE void Vector(const Pack<T, VEC>& in, int i, int v) const {
+    float w[VEC] = {}, b[VEC] = {};
+    if constexpr (kGeneric) {
+      if (a.scale.ptr) LoadParams<P, T, VEC>(a.scale, scale_vec, r.head + v * VEC, w);
+      if (a.bias.ptr) LoadParams<P, T, VEC>(a.bias, bias_vec, r.head + v * VEC, b);
+    } else if constexpr (kScale) {
+      const auto sc = scale.At(a, i, v);
+      RMSNORM_UNROLL
+      for (int j = 0; j < VEC; ++j) w[j] = P::ToFloat(sc.v[j]);
+    }
+    Pack<T, VEC> out;
+    RMSNORM_UNROLL
+    for (int j = 0; j < VEC; ++j) {
+      float o = P::ToFloat(in.v[j]) * rstd;
+      if (kScale || (kGeneric && a.scale.ptr)) o *= w[j];
+      if (kGeneric && a.bias.ptr) o += b[j];
+      out.v[j] = P::template FromFloat<T>(o);
+    }
+    P::Store(r.yv + v, out);
+  }
+
+  RMSNORM_DEVICE void Scalar(float value, int col) const {
+    float o = value * rstd;
+    if (a.scale.ptr) o *= LoadParam<P, T>(a.scale, col);
+    if (a.bias.ptr) o += LoadParam<P, T>(a.bias, col);
+    P::Store(r.y + col, P::template FromFloat<T>(o));
+  }
+};
+
+// Pass 2: normalizes what pass 1 kept (registers, shared memory), reads the rest again, and
+// stores Y.
+template <class P, typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
+RMSNORM_DEVICE void NormalizeAndStore(const KernelArgs& a, const RowView<T, VEC>& r,
+                                      const Lane& l, const Pack<T, VEC> (&regs)[ITEMS],
+                                      const ScaleAhead<P, T, VEC, ITEMS, M, F>& scale,
+                                      const Edges& edges, float rstd) {
+  using V = Pack<T, VEC>;
+  constexpr bool kGeneric = F == Family::kGeneric;
+  const Normalizer<P, T, VEC, ITEMS, M, F> out{a,
+                                               r,
+                                               scale,
+                                               rstd,
+                                               kGeneric && ParamVectorOk<T, VEC>(a.scale, r.head),
+                                               kGeneric && ParamVectorOk<T, VEC>(a.bias, r.head)};
+  RMSNORM_UNROLL
+  for (int i = 0; i < ITEMS; ++i)
+    if (l.rank + i * l.lanes < r.nvec) out.Vector(regs[i], i, l.rank + i * l.lanes);
+  if constexpr (M == Mode::kBlock) {
+    const V* cache = static_cast<const V*>(P::DynamicShared());
+    auto store = [&](const V& in, int v) { out.Vector(in, -1, v); };
+    ForBatches<V>(
+        r.reg_end, r.cache_end, l, [&](int v) { return P::Load(cache + (v - r.reg_end)); },
+        store);
+    ForBatches<V>(
+        r.cache_end, r.nvec, l, [&](int v) { return FetchAgain<P, T, VEC, SKIP>(r, v); }, store);
+  }
+  if constexpr (kGeneric) {
+    if (l.rank < r.head && r.active) out.Scalar(edges.head, l.rank);
+    if (l.rank < r.ntail) out.Scalar(edges.tail, r.tail0 + l.rank);
+  }
+}
+
+// The rare path for a row (group) whose float32 sum of squares `ss` overflowed (values ~1e19 and
+// up in bf16/fp32) though the row is finite. RMSNorm is scale-invariant: RMSNorm(x) =
+// RMSNorm(x * 2^-k), with k such that the largest magnitude m < 2^(k+1), so the scaled squares
+// cannot overflow. The row is read again element by element (FetchScalarAgain), three times: its
+// largest magnitude, the scaled sum, the normalized store. Rows of the group that did not
+// overflow (a warp's other rows) take it too, unscaled.
+template <class P, typename T, int VEC, bool WARP, bool SKIP>
+RMSNORM_DEVICE void RescueRow(const KernelArgs& a, const RowView<T, VEC>& r, const Lane& l,
+                              float ss) {
+  // S of other lanes must be visible: the shuffles order no memory (a block's reduction had its
+  // barrier)
+  if (WARP && SKIP && r.s != nullptr) P::SyncWarp();
+  const int cols = r.active ? r.cols : 0;
   const bool overflow = ss > 3.402823466e38f;
   float m = 0.f;
-  for (int c = rank; c < cols; c += lanes) {
-    const float v = value(c, false);
+  for (int c = l.rank; c < cols; c += l.lanes) {
+    const float v = FetchScalarAgain<P, T, VEC, SKIP>(r, c);
     const float mag = v < 0.f ? -v : v;
     m = mag > m ? mag : m;  // a NaN never wins (none here: ss would be NaN)
   }
   // max slots: parity + 2 (see BlockReduce)
-  m = WARP ? GroupMax<P>(m, lanes) : BlockReduce<P, true>(m, parity + 2);
+  m = WARP ? GroupMax<P>(m, l.lanes) : BlockReduce<P, true>(m, l.parity + 2);
   float pre = 1.f;
   if (overflow && m <= 3.402823466e38f) {  // an Inf in the row: ss stays Inf, as it must
     for (float t = m; t >= 2.f && pre > 1.2e-38f; t *= 0.5f) pre *= 0.5f;  // 2^-k, k <= 126
   }
   float t = 0.f;
-  for (int c = rank; c < cols; c += lanes) {
-    const float v = value(c, false) * pre;
+  for (int c = l.rank; c < cols; c += l.lanes) {
+    const float v = FetchScalarAgain<P, T, VEC, SKIP>(r, c) * pre;
     t += v * v;
   }
   // the first sum's slots again: every thread read them before the max's barrier
-  t = WARP ? GroupSum<P>(t, lanes) : BlockReduce<P>(t, parity);
+  t = WARP ? GroupSum<P>(t, l.lanes) : BlockReduce<P>(t, l.parity);
   if (overflow) ss = t;
   const float ms = ss * a.inv_cols;
   // eps scales with the row: sqrt(ms * 4^k + eps) = 2^k sqrt(ms + eps * 4^-k)
   const float rstd = a.eps_outside ? P::Reciprocal(P::Sqrt(ms) + a.epsilon * pre)
                                    : P::Rsqrt(ms + a.epsilon * pre * pre);
-  for (int c = rank; c < cols; c += lanes) {
-    float o = value(c, false) * pre * rstd;
+  for (int c = l.rank; c < cols; c += l.lanes) {
+    float o = FetchScalarAgain<P, T, VEC, SKIP>(r, c) * pre * rstd;
     if (a.scale.ptr) o *= LoadParam<P, T>(a.scale, c);
     if (a.bias.ptr) o += LoadParam<P, T>(a.bias, c);
-    P::Store(y + c, P::template FromFloat<T>(o));
+    P::Store(r.y + c, P::template FromFloat<T>(o));
   }
 }
 
-// ----------------------------------------------------------------------------- one row group
+// ----------------------------------------------------------------------------- the kernel body
 
-// Normalizes rows into Y (and stores S = X + skip for SkipRMSNorm). Threads of a row group (a
-// `lanes`-wide slice of a warp, or the whole block) split each row:
-//
-//   [ head: < VEC scalars | nvec aligned VEC-vectors, vector v -> thread v % lanes | tail ]
-//
-// Only Generic has a head or tail: the head brings the row's vector part to a 16-byte boundary;
-// the launcher guarantees that X, skip, Y and S rows are misaligned alike (else VEC == 1). Vectors
-// v < ITEMS * lanes stay in registers, the next cache_vectors in shared memory (block mode), the
-// rest are read again in the normalize pass. Pass 1 loads (and for SkipRMSNorm forms and stores
-// S), preloads the scale and sums squares in float32; pass 2 normalizes what pass 1 kept.
+// Normalizes rows into Y (and stores S = X + skip for SkipRMSNorm): per row, LoadAndSum (pass 1),
+// the row group's reduction, then NormalizeAndStore (pass 2), or RescueRow when the sum
+// overflowed. The loop count is the same for every lane of a warp (its shuffles need them all)
+// and every thread of a block.
 template <class P, typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
 RMSNORM_DEVICE void NormRows(const KernelArgs& a) {
-  using V = Pack<T, VEC>;
-  using S = ScaleType<T, F>;
   constexpr bool kWarp = M == Mode::kWarp;
-  constexpr bool kGeneric = F == Family::kGeneric;
-  constexpr bool kScale = F == Family::kScaleSame || F == Family::kScaleF32;
-  constexpr int kBatch = 2;  // vectors loaded at once past the registers' share: 2 x 16 B x 1024
-                             // threads in flight per SM; 4 spilled under the 64-register cap
   const int tid = P::ThreadIdx();
-  const int lanes = kWarp ? a.lanes : P::BlockDim();
-  const int rank = kWarp ? tid % lanes : tid;
-  const int64_t per_block = kWarp ? P::BlockDim() / lanes : 1;
-  // The loop count is the same for every lane of a warp (its shuffles need them all) and every
-  // thread of a block: lanes past the last row run along with an empty row.
+  Lane l;
+  l.lanes = kWarp ? a.lanes : P::BlockDim();
+  l.rank = kWarp ? tid % l.lanes : tid;
+  l.parity = 0;
+  const int64_t per_block = kWarp ? P::BlockDim() / l.lanes : 1;
   const int64_t first =
-      kWarp ? P::BlockIdx() * per_block + P::Warp() * (kWarpSize / lanes) : P::BlockIdx();
-  const int sub = kWarp ? (tid % kWarpSize) / lanes : 0;
+      kWarp ? P::BlockIdx() * per_block + P::Warp() * (kWarpSize / l.lanes) : P::BlockIdx();
+  const int sub = kWarp ? (tid % kWarpSize) / l.lanes : 0;
   const int64_t stride = P::GridDim() * per_block;
-  const int cols = a.cols;
-  const T* const x_all = static_cast<const T*>(a.x);
-  const T* const skip_all = static_cast<const T*>(a.skip);
-  int parity = 0;
-  for (int64_t base = first; base < a.rows; base += stride, parity ^= 1) {
+  for (int64_t base = first; base < a.rows; base += stride, l.parity ^= 1) {
     const bool active = base + sub < a.rows;
-    const int64_t row = active ? base + sub : base;
-    const T* x = x_all + row * cols;
-    const T* sk = SKIP ? skip_all + (row % a.skip_rows) * cols : nullptr;
-    T* s = SKIP && a.sum ? static_cast<T*>(a.sum) + row * cols : nullptr;
-    T* y = static_cast<T*>(a.y) + row * cols;
-    int head = 0;
-    if constexpr (kGeneric && VEC > 1) {
-      const uintptr_t mis = reinterpret_cast<uintptr_t>(x) % sizeof(V);
-      head = mis ? static_cast<int>((sizeof(V) - mis) / sizeof(T)) : 0;
-      head = head < cols ? head : cols;
-    }
-    const int nvec = active ? (cols - head) / VEC : 0;
-    const int tail0 = head + nvec * VEC;
-    const int ntail = active && kGeneric ? cols - tail0 : 0;
-    const V* xv = reinterpret_cast<const V*>(x + head);
-    // (no offset on a null pointer: undefined behaviour, which the sanitizer run would catch)
-    const V* skv = SKIP ? reinterpret_cast<const V*>(sk + head) : nullptr;
-    V* sv = s != nullptr ? reinterpret_cast<V*>(s + head) : nullptr;
-    V* yv = reinterpret_cast<V*>(y + head);
-
-    // S (or X) of vector v; pass 1 stores S as it is formed
-    auto fetch = [&](int v, bool store) -> V {
-      V r = P::LoadReadOnly(xv + v);
-      if constexpr (SKIP) {
-        r = AddRounded<P, T, VEC>(r, P::LoadReadOnly(skv + v));
-        if (store && s != nullptr) P::Store(sv + v, r);
-      }
-      return r;
-    };
-    auto fetch_one = [&](int col, bool store) -> float {
-      T r = P::LoadReadOnly(x + col);
-      if constexpr (SKIP) {
-        r = P::template FromFloat<T>(P::ToFloat(r) + P::ToFloat(P::LoadReadOnly(sk + col)));
-        if (store && s != nullptr) P::Store(s + col, r);
-      }
-      return P::ToFloat(r);
-    };
-
-    // ---- pass 1: load (several loads in flight per thread), sum squares
-    float head_x = 0.f, tail_x = 0.f;
-    if constexpr (kGeneric) {
-      if (rank < head && active) head_x = fetch_one(rank, true);
-      if (rank < ntail) tail_x = fetch_one(tail0 + rank, true);
-    }
-    float ss = head_x * head_x + tail_x * tail_x;
-    // Long rows (block mode): the vectors past the registers' share. The next cache_vectors are
-    // parked in shared memory, the rest read again in pass 2. kBatch loads at once, so several
-    // are in flight; first, while the register share is not yet live.
-    V* cache = kWarp ? nullptr : static_cast<V*>(P::DynamicShared());
-    const int reg_end = ITEMS * lanes < nvec ? ITEMS * lanes : nvec;
-    const int cache_end = reg_end + a.cache_vectors < nvec ? reg_end + a.cache_vectors : nvec;
-    auto batches = [&](int begin, int end, auto&& load, auto&& use) {
-      if constexpr (!kWarp) {
-        RMSNORM_NO_UNROLL
-        for (int v0 = begin + rank; v0 < end; v0 += kBatch * lanes) {
-          V r[kBatch];
-          RMSNORM_UNROLL
-          for (int u = 0; u < kBatch; ++u)
-            if (v0 + u * lanes < end) r[u] = load(v0 + u * lanes);
-          RMSNORM_UNROLL
-          for (int u = 0; u < kBatch; ++u)
-            if (v0 + u * lanes < end) use(r[u], v0 + u * lanes);
-        }
-      }
-    };
-    auto load_stored = [&](int v) { return fetch(v, true); };
-    // S, once stored, is read back (this thread stored it); S may be bound over X or skip
-    auto load_again = [&](int v) { return SKIP && s != nullptr ? P::Load(sv + v) : fetch(v, false); };
-    auto load_cached = [&](int v) { return P::Load(cache + (v - reg_end)); };
-    auto add_squares = [&](const V& r, int) { ss += SumSquares<P, T, VEC>(r); };
-    // each thread parks its own vectors: no barrier between the passes
-    batches(reg_end, cache_end, load_stored, [&](const V& r, int v) {
-      ss += SumSquares<P, T, VEC>(r);
-      P::Store(cache + (v - reg_end), r);
-    });
-    batches(cache_end, nvec, load_stored, add_squares);
-    V regs[ITEMS] = {};
+    const auto r = LocateRow<T, VEC, ITEMS, F == Family::kGeneric, SKIP>(
+        a, active ? base + sub : base, active, l);
+    Pack<T, VEC> regs[ITEMS] = {};
+    ScaleAhead<P, T, VEC, ITEMS, M, F> scale;
+    Edges edges;
+    float ss = LoadAndSum<P, T, VEC, ITEMS, M, F, SKIP>(a, r, l, regs, scale, edges);
+    ss = kWarp ? GroupSum<P>(ss, l.lanes) : BlockReduce<P>(ss, l.parity);
+    // keep the loaded words packed across the reduction (not unpacked to floats: twice the
+    // registers)
     RMSNORM_UNROLL
-    for (int i = 0; i < ITEMS; ++i)
-      if (rank + i * lanes < nvec) regs[i] = fetch(rank + i * lanes, true);
-    // The scale with X, before the reduction: its latency hides behind X's and the reduction's.
-    // One vector's scale per thread in registers (the first: block kernels and 1-vector warp
-    // kernels), any other prefetched into L1 (no registers), where pass 2 finds it. Holding more
-    // spilled at the register caps (48 for warp kernels, 64 for 1024-thread blocks).
-    constexpr int kScaleItems = kScale && (!kWarp || ITEMS == 1) ? 1 : 0;
-    [[maybe_unused]] Pack<S, VEC> scale[kScaleItems > 0 ? kScaleItems : 1] = {};
-    [[maybe_unused]] const S* scale_row = static_cast<const S*>(a.scale.ptr);
-    RMSNORM_UNROLL
-    for (int i = 0; i < (kScale ? ITEMS : 0); ++i) {
-      if (rank + i * lanes >= nvec) continue;
-      if (i < kScaleItems)
-        scale[i] = LoadChunks<P, S, VEC>(scale_row + (rank + i * lanes) * VEC);
-      else
-        P::Prefetch(scale_row + (rank + i * lanes) * VEC, sizeof(Pack<S, VEC>));
-    }
-    RMSNORM_UNROLL
-    for (int i = 0; i < ITEMS; ++i)
-      if (rank + i * lanes < nvec) ss += SumSquares<P, T, VEC>(regs[i]);
-
-    ss = kWarp ? GroupSum<P>(ss, lanes) : BlockReduce<P>(ss, parity);
-    RMSNORM_UNROLL
-    for (int i = 0; i < ITEMS; ++i) {
-      P::Opaque(regs[i]);
-      if constexpr (kScaleItems > 0) {
-        if (i < kScaleItems) P::Opaque(scale[i]);
-      }
-    }
-
-    // ---- rare: the float32 sum of squares overflowed (values ~1e19 and up in bf16/fp32) though
-    // the row is finite. RMSNorm is scale-invariant: sum again scaled by 2^-k, k the exponent of
-    // the row's largest magnitude, and normalize the row from memory (S recomputed bit for bit).
-    // The whole row on its own path, so that what pass 1 kept is dead there (no registers held
-    // for it). A warp takes it when any of its rows needs it (its shuffles need every lane).
-    const bool overflow = ss > 3.402823466e38f;  // +Inf; NaN (a NaN in the row) stays NaN
+    for (int i = 0; i < ITEMS; ++i) P::Opaque(regs[i]);
+    scale.KeepPacked();
+    // +Inf: overflowed (a NaN in the row stays NaN). A warp takes the rescue when any of its rows
+    // needs it (its shuffles need every lane).
+    const bool overflow = ss > 3.402823466e38f;
     if (kWarp ? P::AnySync(overflow) : overflow) {
-      auto again = [&](int col, bool) {
-        return SKIP && s != nullptr ? P::ToFloat(P::Load(s + col)) : fetch_one(col, false);
-      };
-      if (kWarp && SKIP && s != nullptr) P::SyncWarp();  // S of other lanes visible
-      RescaledRow<P, T, kWarp>(a, again, y, active ? cols : 0, rank, lanes, parity, ss);
+      RescueRow<P, T, VEC, kWarp, SKIP>(a, r, l, ss);
       continue;
     }
-
-    const float ms = ss * a.inv_cols;
-    const float rstd = a.eps_outside ? P::Reciprocal(P::Sqrt(ms) + a.epsilon)
-                                   : P::Rsqrt(ms + a.epsilon);
-
-    // ---- pass 2: normalize what pass 1 kept, scale, bias, store
-    [[maybe_unused]] const bool scale_vec = kGeneric && ParamVectorOk<T, VEC>(a.scale, head);
-    [[maybe_unused]] const bool bias_vec = kGeneric && ParamVectorOk<T, VEC>(a.bias, head);
-    auto normalize = [&](const V& in, int i, int v) {
-      float w[VEC], b[VEC];
-      if constexpr (kGeneric) {
-        if (a.scale.ptr) LoadParams<P, T, VEC>(a.scale, scale_vec, head + v * VEC, w);
-        if (a.bias.ptr) LoadParams<P, T, VEC>(a.bias, bias_vec, head + v * VEC, b);
-      } else if constexpr (kScale) {
-        const Pack<S, VEC> sc =
-            i >= 0 && i < kScaleItems ? scale[i < kScaleItems ? i : 0]
-                                      : LoadChunks<P, S, VEC>(scale_row + v * VEC);
-        RMSNORM_UNROLL
-        for (int j = 0; j < VEC; ++j) w[j] = P::ToFloat(sc.v[j]);
-      }
-      V out;
-      RMSNORM_UNROLL
-      for (int j = 0; j < VEC; ++j) {
-        float o = P::ToFloat(in.v[j]) * rstd;
-        if (kScale || (kGeneric && a.scale.ptr)) o *= w[j];
-        if (kGeneric && a.bias.ptr) o += b[j];
-        out.v[j] = P::template FromFloat<T>(o);
-      }
-      P::Store(yv + v, out);
-    };
-    RMSNORM_UNROLL
-    for (int i = 0; i < ITEMS; ++i)
-      if (rank + i * lanes < nvec) normalize(regs[i], i, rank + i * lanes);
-    auto store_normalized = [&](const V& r, int v) { normalize(r, -1, v); };
-    batches(reg_end, cache_end, load_cached, store_normalized);
-    batches(cache_end, nvec, load_again, store_normalized);
-    if constexpr (kGeneric) {
-      auto one = [&](float v, int col) {
-        float o = v * rstd;
-        if (a.scale.ptr) o *= LoadParam<P, T>(a.scale, col);
-        if (a.bias.ptr) o += LoadParam<P, T>(a.bias, col);
-        P::Store(y + col, P::template FromFloat<T>(o));
-      };
-      if (rank < head && active) one(head_x, rank);
-      if (rank < ntail) one(tail_x, tail0 + rank);
-    }
+    NormalizeAndStore<P, T, VEC, ITEMS, M, F, SKIP>(a, r, l, regs, scale, edges,
+                                                    InverseRms<P>(a, ss));
   }
 }
 

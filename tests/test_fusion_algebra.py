@@ -1,0 +1,385 @@
+"""The raise stage recognises RMSNorm by its value, whatever the spelling.
+
+A generator (hypothesis) writes random algebraically equal forms of ``x · (mean(x²) + ε)^-½ · w``
+— regrouped, operands swapped, the scale anywhere, Div vs Mul·Reciprocal vs Pow(-½) vs
+Sqrt(Reciprocal), the mean as ReduceMean / ReduceSum÷N / ReduceSumSquare÷N / ReduceL2²÷N /
+GlobalAveragePool / LpNormalization·√N, ε as an initializer, a Constant, a CastLike, a function
+attribute, with Identity and same-type Cast noise — each must fuse into one node and match the
+reference. Mutations that change the value must be left alone with a reason that names the change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import onnx
+import pytest
+from fusion_graphs import run
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from rmsnorm_onnx.fusion import fuse
+from rmsnorm_onnx.reference import rms_norm
+
+SHAPE = (2, 3, 16)
+N = SHAPE[-1]
+EPS = 1e-5
+DECOMPOSED = {
+    "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "GlobalAveragePool",
+    "LpNormalization", "Sqrt", "Reciprocal", "Pow",
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Spelling:
+    mean: str = "mean-pow"  # how mean(x²) is written (MEANS)
+    eps: str = "initializer"  # initializer | constant | castlike | attribute | zero
+    outside: bool = False  # x / (sqrt(ms) + eps)
+    inverse: str = "reciprocal"  # reciprocal | div-one | pow-half | sqrt-reciprocal | div
+    scale: str = "after"  # none | after | folded (tf2onnx: x · (inv · w)) | first (w · x first)
+    swap: tuple[bool, ...] = (False,) * 6  # operand order of each commutative op, in turn
+    noise: tuple[str, ...] = ()  # "identity" / "cast" after the mean, the root, the product
+
+
+MEANS = ("mean-pow", "mean-mul", "sum-div", "sum-mul", "sumsquare", "l2-squared", "gap",
+         "times-one", "lp-normalization")  # fmt: skip
+
+
+class Builder:
+    def __init__(self, s: Spelling, opset: int = 18) -> None:
+        self.s, self.opset = s, opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.swaps = iter([*s.swap, *([False] * 32)])
+        self.count = 0
+
+    def name(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}_{self.count}"
+
+    def op(self, op_type: str, *inputs: str, commutative: bool = False, **attrs) -> str:
+        out = self.name(op_type.lower())
+        ins = list(inputs)
+        if commutative and next(self.swaps):
+            ins.reverse()
+        self.nodes.append(helper.make_node(op_type, ins, [out], **attrs))
+        return out
+
+    def const(self, value, as_node: bool = False) -> str:
+        name = self.name("c")
+        tensor = numpy_helper.from_array(np.asarray(value, np.float32), name)
+        if as_node:
+            self.nodes.append(helper.make_node("Constant", [], [name], value=tensor))
+        else:
+            self.inits.append(tensor)
+        return name
+
+    def axes(self) -> list[str]:
+        tensor = numpy_helper.from_array(np.array([-1], np.int64), self.name("axes"))
+        self.inits.append(tensor)
+        return [tensor.name]
+
+    def noise(self, value: str, where: str) -> str:
+        if f"identity-{where}" in self.s.noise:
+            value = self.op("Identity", value)
+        if f"cast-{where}" in self.s.noise:
+            value = self.op("Cast", value, to=TensorProto.FLOAT)
+        return value
+
+    def reduce(self, op_type: str, x: str) -> str:
+        if self.opset >= 18 or op_type == "ReduceSum" and self.opset >= 13:
+            return self.op(op_type, x, *self.axes(), keepdims=1)
+        return self.op(op_type, x, axes=[-1], keepdims=1)
+
+    def square(self, x: str) -> str:
+        if self.s.mean == "mean-mul":
+            return self.op("Mul", x, x)
+        return self.op("Pow", x, self.const(2.0))
+
+    def mean_square(self, x: str) -> str:
+        m = self.s.mean
+        if m in ("mean-pow", "mean-mul"):
+            return self.reduce("ReduceMean", self.square(x))
+        if m == "sum-div":
+            return self.op("Div", self.reduce("ReduceSum", self.square(x)), self.const(float(N)))
+        if m == "sum-mul":
+            total = self.reduce("ReduceSum", self.square(x))
+            return self.op("Mul", total, self.const(1.0 / N), commutative=True)
+        if m == "sumsquare":
+            return self.op("Div", self.reduce("ReduceSumSquare", x), self.const(float(N)))
+        if m == "l2-squared":
+            l2 = self.reduce("ReduceL2", x)
+            return self.op("Div", self.op("Pow", l2, self.const(2.0)), self.const(float(N)))
+        if m == "gap":
+            return self.op("GlobalAveragePool", self.square(x))
+        if m == "times-one":  # paddle2onnx: Mul(mean, 1.0)
+            mean = self.reduce("ReduceMean", self.square(x))
+            return self.op("Mul", mean, self.const(1.0), commutative=True)
+        raise ValueError(m)
+
+    def epsilon(self, x: str) -> str:
+        e = self.s.eps
+        if e == "constant":
+            return self.const(EPS, as_node=True)
+        if e == "castlike":  # jax2onnx: CastLike(eps, x) from a double constant
+            tensor = numpy_helper.from_array(np.asarray(EPS, np.float64), self.name("eps64"))
+            self.inits.append(tensor)
+            return self.op("CastLike", tensor.name, x)
+        if e == "attribute":  # the norm sits in a function: eps is its attribute
+            out = self.name("eps")
+            node = helper.make_node("Constant", [], [out])
+            attr = onnx.AttributeProto()
+            attr.name, attr.ref_attr_name, attr.type = "value_float", "epsilon", attr.FLOAT
+            node.attribute.append(attr)
+            self.nodes.append(node)
+            return out
+        return self.const(EPS)
+
+    def norm(self, x: str, w: str | None) -> str:
+        s = self.s
+        if s.mean == "lp-normalization":  # Olive's RMSNormToL2Norm: LpNorm(x) · √N (· w), eps 0
+            y = self.op("LpNormalization", x, axis=-1, p=2)
+            y = self.op("Mul", y, self.const(math.sqrt(N)), commutative=True)
+            return y if w is None else self.op("Mul", y, w, commutative=True)
+        ms = self.noise(self.mean_square(x), "mean")
+        has_eps = s.eps != "zero"
+        if s.outside:
+            root = self.op("Sqrt", ms)
+            if has_eps:
+                root = self.op("Add", root, self.epsilon(x), commutative=True)
+            inverse = {"div": None, "div-one": "div-one"}.get(s.inverse, "reciprocal")
+        else:
+            v = self.op("Add", ms, self.epsilon(x), commutative=True) if has_eps else ms
+            inverse = s.inverse
+            if inverse == "pow-half":
+                inv = self.op("Pow", v, self.const(-0.5))
+            elif inverse == "sqrt-reciprocal":
+                inv = self.op("Sqrt", self.op("Reciprocal", v))
+            else:
+                root = self.op("Sqrt", v)
+        if s.outside or inverse in ("reciprocal", "div-one", "div", None):
+            root = self.noise(root, "root")
+            if inverse in ("div", None):
+                y = self.op("Div", x, root)
+                return y if w is None else self.op("Mul", y, w, commutative=True)
+            if inverse == "div-one":
+                inv = self.op("Div", self.const(1.0), root)
+            else:
+                inv = self.op("Reciprocal", root)
+        if w is None:
+            return self.noise(self.op("Mul", x, inv, commutative=True), "product")
+        if s.scale == "folded":
+            return self.op("Mul", x, self.op("Mul", inv, w, commutative=True), commutative=True)
+        if s.scale == "first":
+            return self.op("Mul", self.op("Mul", w, x, commutative=True), inv, commutative=True)
+        y = self.noise(self.op("Mul", x, inv, commutative=True), "product")
+        return self.op("Mul", y, w, commutative=True)
+
+
+def build(s: Spelling, opset: int = 18) -> tuple[onnx.ModelProto, np.ndarray | None]:
+    """One norm spelled ``s`` (in a local function where eps is an attribute); (model, w)."""
+    rng = np.random.default_rng(0)
+    w = None if s.scale == "none" else (1 + 0.5 * rng.standard_normal(N)).astype(np.float32)
+    b = Builder(s, opset)
+    x_in = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))
+    y_out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(SHAPE))
+    opsets = [helper.make_opsetid("", opset)]
+    if s.eps != "attribute":
+        w_name = None if w is None else b.const(w)
+        y = b.norm("x", w_name)
+        b.nodes.append(helper.make_node("Identity", [y], ["y"]))
+        graph = helper.make_graph(b.nodes, "g", [x_in], [y_out], initializer=b.inits)
+        return helper.make_model(graph, opset_imports=opsets, ir_version=10), w
+    y = b.norm("x", None if w is None else "w")
+    consts = [helper.make_node("Constant", [], [t.name], value=t) for t in b.inits]
+    inputs = ["x"] if w is None else ["x", "w"]
+    fn = helper.make_function("local", "Norm", inputs, [y], consts + b.nodes, opsets, ["epsilon"])
+    call = helper.make_node("Norm", inputs, ["y"], domain="local", epsilon=EPS)
+    inits = [] if w is None else [numpy_helper.from_array(w, "w")]
+    graph = helper.make_graph([call], "g", [x_in], [y_out], initializer=inits)
+    model = helper.make_model(
+        graph,
+        opset_imports=[*opsets, helper.make_opsetid("local", 1)],
+        functions=[fn],
+        ir_version=10,
+    )
+    return model, w
+
+
+def expected(x: np.ndarray, s: Spelling, w: np.ndarray | None) -> np.ndarray:
+    eps = 0.0 if s.eps == "zero" or s.mean == "lp-normalization" else EPS
+    return rms_norm(x, w, epsilon=eps, eps_outside=s.outside)
+
+
+def _feed() -> np.ndarray:
+    return np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
+
+
+def check_fuses(s: Spelling, opset: int = 18) -> None:
+    model, w = build(s, opset)
+    onnx.checker.check_model(model, full_check=True)
+    fused, report = fuse(model)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    left = [n.op_type for n in fused.graph.node if n.op_type in DECOMPOSED]
+    assert not left, (s, left)
+    x = _feed()
+    want = expected(x, s, w)
+    np.testing.assert_allclose(run(model, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+
+
+def _spellings():
+    noise = st.lists(
+        st.sampled_from(["identity-mean", "cast-mean", "identity-root", "cast-root",
+                         "identity-product", "cast-product"]),  # fmt: skip
+        max_size=3,
+        unique=True,
+    ).map(tuple)
+    return st.builds(
+        Spelling,
+        mean=st.sampled_from(MEANS),
+        eps=st.sampled_from(["initializer", "constant", "castlike", "attribute", "zero"]),
+        outside=st.booleans(),
+        inverse=st.sampled_from(["reciprocal", "div-one", "pow-half", "sqrt-reciprocal", "div"]),
+        scale=st.sampled_from(["none", "after", "folded", "first"]),
+        swap=st.lists(st.booleans(), min_size=6, max_size=6).map(tuple),
+        noise=noise,
+    )
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_spellings())
+def test_every_equal_spelling_fuses(s: Spelling) -> None:
+    check_fuses(s)
+
+
+# one of each, named, so that a regression names the spelling it broke
+NAMED = {
+    "tf2onnx": Spelling(scale="folded"),
+    "tf2onnx-opset17-gap": Spelling(mean="gap", scale="folded"),
+    "jax2onnx": Spelling(eps="castlike", inverse="div"),
+    "paddle2onnx": Spelling(mean="times-one", noise=("identity-mean", "identity-root")),
+    "sumsquare": Spelling(mean="sumsquare"),
+    "l2-outside": Spelling(mean="l2-squared", outside=True),
+    "olive-l2norm": Spelling(mean="lp-normalization"),
+    "pow-minus-half": Spelling(inverse="pow-half", swap=(True,) * 6),
+    "sqrt-of-reciprocal": Spelling(inverse="sqrt-reciprocal"),
+    "eps-function-attribute": Spelling(eps="attribute"),
+    "scale-first": Spelling(scale="first"),
+}
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_named_spelling_fuses(name: str) -> None:
+    check_fuses(NAMED[name])
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_older_opsets_read_axes_from_attributes(opset: int) -> None:
+    check_fuses(Spelling(mean="sum-div"), opset)
+    check_fuses(Spelling(mean="l2-squared", scale="folded"), opset)
+
+
+# -- mutations that change the value: left alone, with the reason that says what differs
+
+
+def _first(model: onnx.ModelProto, op_type: str) -> onnx.NodeProto:
+    return next(n for n in model.graph.node if n.op_type == op_type)
+
+
+def _other_axis(m):
+    axes = _first(m, "ReduceMean").input[1]
+    init = next(t for t in m.graph.initializer if t.name == axes)
+    init.CopyFrom(numpy_helper.from_array(np.array([1], np.int64), axes))
+
+
+def _cube(m):
+    pow_node = _first(m, "Pow")
+    init = next(t for t in m.graph.initializer if t.name == pow_node.input[1])
+    init.CopyFrom(numpy_helper.from_array(np.asarray(3.0, np.float32), init.name))
+
+
+def _centred(m):
+    m.graph.node.insert(0, helper.make_node("ReduceMean", ["x", "ax0"], ["mu"], keepdims=1))
+    m.graph.node.insert(1, helper.make_node("Sub", ["x", "mu"], ["xc"]))
+    m.graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "ax0"))
+    for node in m.graph.node[2:]:
+        node.input[:] = ["xc" if i == "x" else i for i in node.input]
+
+
+def _other_tensor(m):
+    m.graph.input.append(helper.make_tensor_value_info("x2", TensorProto.FLOAT, list(SHAPE)))
+    _first(m, "Pow").input[0] = "x2"
+
+
+def _eps_input(m):
+    m.graph.input.append(helper.make_tensor_value_info("eps_in", TensorProto.FLOAT, []))
+    _first(m, "Add").input[1] = "eps_in"
+
+
+def _qdq_inside(m):
+    pow_node = _first(m, "Pow")
+    old = pow_node.output[0]
+    pow_node.output[0] = "sq_raw"
+    m.graph.initializer.append(numpy_helper.from_array(np.asarray(0.01, np.float32), "qs"))
+    m.graph.initializer.append(numpy_helper.from_array(np.asarray(0, np.uint8), "qz"))
+    at = list(m.graph.node).index(pow_node) + 1
+    m.graph.node.insert(at, helper.make_node("QuantizeLinear", ["sq_raw", "qs", "qz"], ["sq_q"]))
+    m.graph.node.insert(at + 1, helper.make_node("DequantizeLinear", ["sq_q", "qs", "qz"], [old]))
+
+
+def _cube_root(m):
+    s = Spelling(inverse="pow-half")
+    del s
+    pow_half = [n for n in m.graph.node if n.op_type == "Pow"][-1]
+    init = next(t for t in m.graph.initializer if t.name == pow_half.input[1])
+    init.CopyFrom(numpy_helper.from_array(np.asarray(-1 / 3, np.float32), init.name))
+
+
+MUTATIONS = {
+    "another-axis": (Spelling(), _other_axis, "not the trailing axes"),
+    "another-exponent": (Spelling(), _cube, "exponent is 3, not 2"),
+    "centred": (Spelling(), _centred, "LayerNorm"),
+    "statistic-of-another-tensor": (Spelling(), _other_tensor, "different tensor"),
+    "epsilon-graph-input": (Spelling(), _eps_input, "epsilon is not a constant scalar"),
+    "qdq-inside": (Spelling(), _qdq_inside, "QuantizeLinear/DequantizeLinear inside the chain"),
+    "root-exponent": (Spelling(inverse="pow-half"), _cube_root, "raised to -1/3, not -1/2"),
+}
+
+
+@pytest.mark.parametrize("case", list(MUTATIONS))
+def test_mutation_that_changes_the_value_is_left_alone(case: str) -> None:
+    s, mutate, reason = MUTATIONS[case]
+    model, _ = build(s)
+    mutate(model)
+    fused, report = fuse(model)
+    assert report.fused_count == 0, report.summary(verbose=True)
+    assert sorted(n.op_type for n in fused.graph.node) == sorted(
+        n.op_type for n in model.graph.node
+    )
+    assert len(report.skipped) == 1, report.summary(verbose=True)
+    assert reason in report.skipped[0].reason, report.skipped[0].reason
+
+
+def test_shared_epsilon_and_exponent_constants_across_layers_fuse() -> None:
+    """tf2onnx shares one ε and one exponent constant across layers: both norms fuse."""
+    b = Builder(Spelling())
+    eps, two = b.const(EPS, as_node=True), b.const(2.0)
+    y = "x"
+    for _ in range(2):
+        ms = b.reduce("ReduceMean", b.op("Pow", y, two))
+        inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, eps)))
+        y = b.op("Mul", y, inv)
+    b.nodes.append(helper.make_node("Identity", [y], ["y"]))
+    x_in = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))
+    y_out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(SHAPE))
+    graph = helper.make_graph(b.nodes, "g", [x_in], [y_out], initializer=b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    fused, report = fuse(model)
+    assert report.fused_count == 2, report.summary(verbose=True)
+    x = _feed()
+    want = rms_norm(rms_norm(x, None, epsilon=EPS), None, epsilon=EPS)
+    np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-5, atol=1e-5)

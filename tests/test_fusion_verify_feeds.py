@@ -1,0 +1,110 @@
+"""``--verify`` on one decoder file: random inputs whose symbolic dims agree as the exporter's
+names say (optimum's attention mask spans ``past_sequence_length + sequence_length``,
+onnxruntime-genai's ``total_sequence_length``), so that the decoder runs at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from cli_support import run_cli
+from onnx import TensorProto, helper, numpy_helper
+
+from rmsnorm_onnx import onnx_io
+from rmsnorm_onnx.fusion import fuse_file
+from rmsnorm_onnx.fusion.verify import dim_sizes
+
+HIDDEN, HEADS, HEAD = 32, 2, 16
+MASK_DIM = {"optimum": "past_sequence_length + sequence_length", "genai": "total_sequence_length"}
+
+
+def _decoder(naming: str) -> onnx.ModelProto:
+    """Embedding, an RMSNorm, and one attention-like step that fails unless the mask spans the
+    cache and the new tokens: ``present = Concat(past, k)``, multiplied by the mask."""
+    rng = np.random.default_rng(0)
+    batch = "batch_size"
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((50, HIDDEN)).astype(np.float32), "embed"),
+        numpy_helper.from_array(np.linspace(0.5, 1.5, HIDDEN).astype(np.float32), "norm.weight"),
+        numpy_helper.from_array(
+            rng.standard_normal((HIDDEN, HEADS * HEAD)).astype(np.float32), "k_proj"
+        ),
+        numpy_helper.from_array(np.array([0, 0, HEADS, HEAD], np.int64), "split_heads"),
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
+        numpy_helper.from_array(np.array([1, 3], np.int64), "mask_axes"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["embed", "input_ids"], ["e"]),
+        helper.make_node("Pow", ["e", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "last"], ["ms"]),
+        helper.make_node("Add", ["ms", "eps"], ["ms_eps"]),
+        helper.make_node("Sqrt", ["ms_eps"], ["rms"]),
+        helper.make_node("Div", ["e", "rms"], ["normed"]),
+        helper.make_node("Mul", ["normed", "norm.weight"], ["h"]),
+        helper.make_node("MatMul", ["h", "k_proj"], ["k_flat"]),
+        helper.make_node("Reshape", ["k_flat", "split_heads"], ["k_heads"]),
+        helper.make_node("Transpose", ["k_heads"], ["k"], perm=[0, 2, 1, 3]),
+        helper.make_node("Concat", ["past_key_values.0.key", "k"], ["present"], axis=2),
+        helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mask_f", "mask_axes"], ["mask4"]),
+        helper.make_node("Mul", ["present", "mask4"], ["present.0.key"]),
+    ]
+    total = MASK_DIM[naming]
+    graph = helper.make_graph(
+        nodes,
+        "decoder",
+        [
+            helper.make_tensor_value_info(
+                "input_ids", TensorProto.INT64, [batch, "sequence_length"]
+            ),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, total]),
+            helper.make_tensor_value_info(
+                "past_key_values.0.key",
+                TensorProto.FLOAT,
+                [batch, HEADS, "past_sequence_length", HEAD],
+            ),
+        ],
+        [
+            helper.make_tensor_value_info(
+                "h", TensorProto.FLOAT, [batch, "sequence_length", HIDDEN]
+            ),
+            helper.make_tensor_value_info(
+                "present.0.key", TensorProto.FLOAT, [batch, HEADS, total, HEAD]
+            ),
+        ],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("naming", list(MASK_DIM))
+def test_verify_on_one_decoder_file(tmp_path: Path, naming: str, fused_library: str) -> None:
+    src = onnx_io.save_model(_decoder(naming), tmp_path / "model.onnx")
+    report = fuse_file(src, tmp_path / "fused.onnx", verify=True)
+    assert report.fused_count == 1 and report.verified
+
+
+@pytest.mark.parametrize("naming", list(MASK_DIM))
+def test_cli_fuse_verify_on_one_decoder_file(tmp_path: Path, naming: str, fused_library: str):
+    src = onnx_io.save_model(_decoder(naming), tmp_path / "model.onnx")
+    proc = run_cli("fuse", src, tmp_path / "fused.onnx", "--verify")
+    assert proc.returncode == 0, proc.stderr
+    assert "verified" in proc.stdout
+
+
+def test_dim_sizes_of_sums_are_the_sums() -> None:
+    names = ["batch_size", "sequence_length", "past_sequence_length + sequence_length"]
+    sizes = dim_sizes([*names, "past_sequence_length"])
+    assert sizes[names[2]] == sizes["past_sequence_length"] + sizes["sequence_length"]
+    assert len({sizes["batch_size"], sizes["sequence_length"], sizes["past_sequence_length"]}) == 3
+    genai = dim_sizes(["sequence_length", "total_sequence_length", "past_sequence_length"])
+    assert (
+        genai["total_sequence_length"] == genai["past_sequence_length"] + genai["sequence_length"]
+    )
+    # without its parts among the dims, total_sequence_length is a dim like any other
+    assert dim_sizes(["total_sequence_length"]) == {"total_sequence_length": 2}
+    assert dim_sizes(["a + 1"]) == {"a": 2, "a + 1": 3}
