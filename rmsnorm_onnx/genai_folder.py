@@ -167,11 +167,14 @@ def _plan(src: Path) -> list[_Entry]:
     entries: list[_Entry] = []
 
     def walk(rel: Path) -> None:
-        with os.scandir(src / rel) as found:
-            items = sorted(found, key=lambda e: e.name)
+        try:
+            with os.scandir(src / rel) as found:
+                items = sorted(found, key=lambda e: e.name)
+        except OSError as e:
+            raise UsageError(f"{src / rel}: cannot read the folder ({e.strerror})") from None
         for item in items:
             path, sub = Path(item.path), rel / item.name
-            mode = item.stat(follow_symlinks=False).st_mode
+            mode = item.stat(follow_symlinks=False).st_mode  # lstat: scandir has it
             if stat.S_ISDIR(mode):
                 entries.append(_Entry("dir", sub))
                 walk(sub)
@@ -190,10 +193,15 @@ def _link(path: Path, rel: Path, src: Path, root: Path, blobs: Path | None) -> _
     try:
         real = Path(os.path.realpath(path, strict=True))
         mode = os.stat(real).st_mode
-    except OSError:  # dangling, or a loop of links
+    except FileNotFoundError:
         raise UsageError(
             f"{path}: is a symlink to {os.readlink(path)}, which does not exist; refusing to "
             "copy it"
+        ) from None
+    except OSError as e:  # a loop of links, a folder it may not enter
+        raise UsageError(
+            f"{path}: is a symlink to {os.readlink(path)}, which cannot be followed "
+            f"({e.strerror}); refusing to copy it"
         ) from None
     in_src = real == root or root in real.parents
     if stat.S_ISDIR(mode) and in_src:  # kept a link: copying it could copy IN into itself
@@ -273,12 +281,15 @@ def _carry_over(src: Path, tmp: Path, plan: list[_Entry]) -> int:
     """Recreate ``plan`` in ``tmp``; the number of files and links."""
     for entry in plan:
         out = tmp / entry.rel
-        if entry.kind == "dir":
-            out.mkdir()
-        elif entry.kind == "link":
-            os.symlink(entry.target, out)
-        else:
-            _copy_regular(entry.source, out)
+        try:
+            if entry.kind == "dir":
+                out.mkdir()
+            elif entry.kind == "link":
+                os.symlink(entry.target, out)
+            else:
+                _copy_regular(entry.source, out)
+        except OSError as e:  # unreadable, or the disk is full
+            raise RMSNormOnnxError(f"{src / entry.rel}: cannot copy it ({e.strerror})") from None
     return sum(1 for entry in plan if entry.kind != "dir")
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from cli_support import cli_env, decomposed_rmsnorm_model, error_lines, run_cli
@@ -256,3 +258,78 @@ def test_progress_is_silent_when_quiet(monkeypatch) -> None:
     finally:
         console.configure()
     assert stream.getvalue() == ""
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_help_examples_name_sample_models_that_exist(name: str) -> None:
+    """Examples that name a file in models/ (the samples the repository ships) name one that is
+    there, so that they can be copied and run as they are."""
+    text = main.build_parser()._subparsers._group_actions[0].choices[name].epilog or ""  # type: ignore[union-attr]
+    for path in re.findall(r"\bmodels/[\w.-]+\.onnx\b", text):
+        assert (REPO / path).is_file(), f"'rmsnorm-onnx {name} --help' names {path}"
+
+
+def test_run_help_example_on_a_sample_model_runs() -> None:
+    from rmsnorm_onnx.cli import run
+
+    lines = [line.split("#")[0].split() for line in run.EPILOG.splitlines()]
+    examples = [words[2:] for words in lines if words[:2] == ["rmsnorm-onnx", "run"]]
+    sample = [args for args in examples if args[0].startswith("models/")]
+    assert sample, run.EPILOG
+    for args in sample:
+        done = run_cli("run", *args, "--repeat", "1", cwd=REPO)
+        assert done.returncode == 0, (args, done.stderr)
+
+
+def test_summaries_name_the_skip_norms_first() -> None:
+    from onnx import helper
+
+    from rmsnorm_onnx.cli.describe import op_summary
+
+    nodes = [helper.make_node(op, ["x"], ["y"]) for op in ("Add", "Mul", "Sub", "Div", "Cast")]
+    nodes *= 3
+    nodes += [
+        helper.make_node("SkipRMSNorm", ["a", "b"], ["c"], domain="rmsnorm_onnx"),
+        helper.make_node("SkipSimplifiedLayerNormalization", ["a"], ["d"], domain="com.microsoft"),
+    ]
+    graph = helper.make_graph(nodes, "g", [], [])
+    summary = op_summary(helper.make_model(graph), most=2)
+    assert summary.startswith(
+        "17 nodes: rmsnorm_onnx::SkipRMSNorm, com.microsoft::SkipSimplifiedLayerNormalization, "
+    ), summary
+
+
+_TERMINATED_IN_A_WRITE = """
+import os, signal, sys
+from rmsnorm_onnx import onnx_io
+from rmsnorm_onnx.cli import main, view
+
+def write_and_wait(args):
+    with onnx_io.atomic_path(sys.argv[1]) as tmp:
+        tmp.write_bytes(b"half a model")
+        print(tmp, flush=True)
+        signal.pause()
+
+view.run = write_and_wait
+sys.exit(main.main(["view", "x.onnx"]))
+"""
+
+
+def test_sigterm_unwinds_like_ctrl_c(tmp_path: Path) -> None:
+    """SIGTERM ends a command as Ctrl-C does: what it was writing is removed, one line, 143."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TERMINATED_IN_A_WRITE, str(tmp_path / "out.onnx")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    temp = Path(proc.stdout.readline().strip())
+    assert temp.is_file()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    assert error_lines(proc.stderr.read()) == ["rmsnorm-onnx: terminated"]
+    assert list(tmp_path.iterdir()) == []

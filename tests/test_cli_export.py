@@ -150,3 +150,19 @@ def test_export_all_samples(tmp_path: Path) -> None:
         for mode in ("decomposed", "fused", "standard")
     )
     assert result.stdout.count("wrote ") == 6
+
+
+def test_opset_range_is_the_exporters() -> None:
+    """cli.export checks --opset without importing torch: its bounds are torch_export's."""
+    from onnx import defs
+
+    from rmsnorm_onnx.cli.export import _check_opset
+    from rmsnorm_onnx.errors import UsageError
+    from rmsnorm_onnx.torch_export import MIN_OPSET
+
+    for mode, lowest in MIN_OPSET.items():
+        for good in (lowest, defs.onnx_opset_version()):
+            _check_opset(good, mode)
+        for bad in (lowest - 1, defs.onnx_opset_version() + 1):
+            with pytest.raises(UsageError, match=f"--opset {bad}"):
+                _check_opset(bad, mode)

@@ -1,10 +1,11 @@
 """Files from ONNX Runtime's quantizers, on a tiny Hugging Face Llama exported by torch:
-``quantize_dynamic`` (int8), ``MatMulNBitsQuantizer`` (int4) and ``quantize_static`` with only
-MatMul quantized leave the norms in float: every norm fuses, every residual Add in front of a
-norm with it (the Add's other operand comes out of a com.microsoft op or a DequantizeLinear),
-and the outputs do not change. ``quantize_static`` with its default op types puts
-QuantizeLinear/DequantizeLinear around every intermediate of the norm: that is no longer an exact
-RMSNorm (fusing would drop the rounding), so nothing fuses and the report says why.
+``quantize_dynamic`` (int8: MatMulInteger and a rescaling Mul, the embedding through
+DequantizeLinear), ``MatMulNBitsQuantizer`` (int4: com.microsoft MatMulNBits) and
+``quantize_static`` with only MatMul quantized (Q/DQ in front of each MatMul) leave the norms in
+float: every norm fuses, every residual Add in front of a norm with it, and the outputs do not
+change. ``quantize_static`` with its default op types puts QuantizeLinear/DequantizeLinear
+around every intermediate of the norm: that is no longer an exact RMSNorm (fusing would drop
+the rounding), so nothing fuses and the report says why.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ onnxruntime-genai's ``total_sequence_length``), so that the decoder runs at all.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from cli_support import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from rmsnorm_onnx import onnx_io
+from rmsnorm_onnx.errors import RMSNormOnnxError
 from rmsnorm_onnx.fusion import fuse_file
 from rmsnorm_onnx.fusion.verify import dim_sizes
 
@@ -20,9 +22,10 @@ HIDDEN, HEADS, HEAD = 32, 2, 16
 MASK_DIM = {"optimum": "past_sequence_length + sequence_length", "genai": "total_sequence_length"}
 
 
-def _decoder(naming: str) -> onnx.ModelProto:
+def _decoder(naming: str, head_dim: str | int = HEAD) -> onnx.ModelProto:
     """Embedding, an RMSNorm, and one attention-like step that fails unless the mask spans the
-    cache and the new tokens: ``present = Concat(past, k)``, multiplied by the mask."""
+    cache and the new tokens: ``present = Concat(past, k)``, multiplied by the mask. The cache's
+    head size is declared as ``head_dim`` (onnxruntime-genai's builder writes "kv_cache_dim")."""
     rng = np.random.default_rng(0)
     batch = "batch_size"
     inits = [
@@ -65,7 +68,7 @@ def _decoder(naming: str) -> onnx.ModelProto:
             helper.make_tensor_value_info(
                 "past_key_values.0.key",
                 TensorProto.FLOAT,
-                [batch, HEADS, "past_sequence_length", HEAD],
+                [batch, HEADS, "past_sequence_length", head_dim],
             ),
         ],
         [
@@ -108,3 +111,15 @@ def test_dim_sizes_of_sums_are_the_sums() -> None:
     # without its parts among the dims, total_sequence_length is a dim like any other
     assert dim_sizes(["total_sequence_length"]) == {"total_sequence_length": 2}
     assert dim_sizes(["a + 1"]) == {"a": 2, "a + 1": 3}
+
+
+def test_the_head_size_of_a_genai_decoder_comes_from_its_config(
+    tmp_path: Path, fused_library: str
+) -> None:
+    """Nothing in the name "kv_cache_dim" tells its size: genai_config.json beside the file does."""
+    src = onnx_io.save_model(_decoder("genai", head_dim="kv_cache_dim"), tmp_path / "model.onnx")
+    with pytest.raises(RMSNormOnnxError, match="verify: onnxruntime cannot run the original"):
+        fuse_file(src, tmp_path / "fused.onnx", verify=True)
+    decoder = {"filename": "model.onnx", "head_size": HEAD, "num_key_value_heads": HEADS}
+    (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"decoder": decoder}}))
+    assert fuse_file(src, tmp_path / "fused.onnx", verify=True).verified

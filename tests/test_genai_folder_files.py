@@ -105,11 +105,27 @@ def test_a_linked_folder_that_escapes_is_refused(tmp_path: Path, genai_dir: Path
     _only(tmp_path, "in", "home")
 
 
-@pytest.mark.parametrize("target", ["gone.json", "loop"])
-def test_a_dangling_or_looping_link_is_refused(tmp_path: Path, genai_dir: Path, target: str):
+@pytest.mark.parametrize(
+    ("target", "why"), [("gone.json", "does not exist"), ("loop", "cannot be followed")]
+)
+def test_a_dangling_or_looping_link_is_refused(
+    tmp_path: Path, genai_dir: Path, target: str, why: str
+) -> None:
     os.symlink(target, genai_dir / "loop")
-    with pytest.raises(UsageError, match=f"loop: is a symlink to {target}, which does not exist"):
+    with pytest.raises(UsageError, match=f"loop: is a symlink to {target}, which {why}"):
         fuse_folder(genai_dir, tmp_path / "out")
+    _only(tmp_path, "in")
+
+
+def test_a_decoder_or_config_linked_from_outside_is_refused(tmp_path: Path, genai_dir: Path):
+    for name in ("model.onnx", CONFIG):
+        (tmp_path / name).write_bytes((genai_dir / name).read_bytes())
+        (genai_dir / name).unlink()
+        os.symlink(tmp_path / name, genai_dir / name)
+        with pytest.raises(UsageError, match=f"{name}: is a symlink to .*, outside"):
+            fuse_folder(genai_dir, tmp_path / "out")
+        (genai_dir / name).unlink()
+        (tmp_path / name).rename(genai_dir / name)
     _only(tmp_path, "in")
 
 

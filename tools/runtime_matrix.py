@@ -8,17 +8,20 @@ One source per case, written in every form by the fusion pass (``fuse(model, tar
     standard    ONNX RMSNormalization (opset 23; a skip norm as Add + RMSNormalization)
     decomposed  plain ops at the model's opset
 
-Cases: RMSNorm and SkipRMSNorm (S read) on 2048x4096 float32 with a constant scale, checked
-against rmsnorm_onnx.reference; the tiny LLaMA sample (exported fused here), checked against
-torch. Runtimes, each in a child process of its own interpreter: onnxruntime with and without our
-library (this venv's, and 1.21 from --ort121-python), onnx's ReferenceEvaluator, OpenVINO CPU with
-and without rmsnorm_onnx.openvino_extension() (--openvino-python). A cell names what the runtime
-ran the norm as where it tells (ORT's optimized graph, OpenVINO's runtime graph).
+Cases: RMSNorm and SkipRMSNorm (S read), float32 2048x4096 (--shape), constant scale, checked
+against rmsnorm_onnx.reference; the tiny LLaMA sample, exported fused here, checked against torch.
+Runtimes (--runtimes), each in a child process of its own interpreter: onnxruntime with and
+without our library (ort-lib, ort: this venv's; ort121-lib, ort121: --ort121-python), onnx's
+ReferenceEvaluator (reference), OpenVINO CPU with and without rmsnorm_onnx.openvino_extension()
+(openvino-ext, openvino: --openvino-python). A cell says what the runtime ran the norm as where
+it tells: the norm ops of ORT's optimized graph (all its ops for a one-norm graph), the RMS nodes
+of OpenVINO's runtime graph. Forms are timed in turns (round robin), one intra-op thread.
 
-    PYTHONPATH=. RMSNORM_ONNX_LIBRARY=$PWD/.venv/lib/python3.11/site-packages/rmsnorm_onnx/\
-librmsnorm_onnx.so .venv/bin/python tools/runtime_matrix.py \\
-        --ort121-python /work/venvs/ort121/bin/python \\
-        --openvino-python /work/venvs/openvino/bin/python --out runtime_matrix.md
+    export PYTHONPATH=$PWD RMSNORM_ONNX_LIBRARY=$(cd / && $PWD/.venv/bin/python -c \
+        "import rmsnorm_onnx; print(rmsnorm_onnx.library_path())")
+    .venv/bin/python tools/runtime_matrix.py --out runtime_matrix.md \
+        --ort121-python /work/venvs/ort121/bin/python \
+        --openvino-python /work/venvs/openvino/bin/python
 """
 
 from __future__ import annotations
@@ -42,15 +45,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a source checkout
 
 FORMS = ("ours", "ours-bare", "contrib", "standard", "decomposed")
-# name -> (worker kind, interpreter option or None for this one, our library registered)
+# name -> (worker kind, interpreter option or None for this one, our library/extension used)
 RUNTIMES = {
-    "onnxruntime + our library": ("ort", None, True),
-    "onnxruntime": ("ort", None, False),
-    "onnxruntime 1.21 + our library": ("ort", "ort121", True),
-    "onnxruntime 1.21": ("ort", "ort121", False),
-    "onnx ReferenceEvaluator": ("reference", None, False),
-    "OpenVINO CPU + our extension": ("openvino", "openvino", True),
-    "OpenVINO CPU": ("openvino", "openvino", False),
+    "ort-lib": ("ort", None, True),
+    "ort": ("ort", None, False),
+    "ort121-lib": ("ort", "ort121", True),
+    "ort121": ("ort", "ort121", False),
+    "reference": ("reference", None, False),
+    "openvino-ext": ("openvino", "openvino", True),
+    "openvino": ("openvino", "openvino", False),
+}
+_LABELS = {  # worker kind -> (name, what "with ours" adds)
+    "ort": ("onnxruntime", " + our library"),
+    "reference": ("onnx ReferenceEvaluator", ""),
+    "openvino": ("OpenVINO CPU", " + our extension"),
 }
 NORM_OPS = (
     "RMSNorm",
@@ -59,7 +67,7 @@ NORM_OPS = (
     "SkipSimplifiedLayerNormalization",
     "RMSNormalization",
 )
-ROWS, HIDDEN, EPS = 2048, 4096, 1e-6
+EPS = 1e-6
 _SMALL_GRAPH = 12  # nodes: up to this, ORT's optimized graph is listed whole
 RTOL = ATOL = 1e-5  # float32 (reference.TOLERANCES); a whole network is held to the same
 
@@ -67,17 +75,17 @@ RTOL = ATOL = 1e-5  # float32 (reference.TOLERANCES); a whole network is held to
 # --- the parent: cases, forms, comparison, table ----------------------------------------------
 
 
-def _norm_case(skip: bool, rng: np.random.Generator):
+def _norm_case(skip: bool, rows: int, hidden: int, rng: np.random.Generator):
     from rmsnorm_onnx import op_schema, reference
 
-    x = rng.standard_normal((ROWS, HIDDEN)).astype(np.float32)
-    scale = (1 + 0.2 * rng.standard_normal(HIDDEN)).astype(np.float32)
+    x = rng.standard_normal((rows, hidden)).astype(np.float32)
+    scale = (1 + 0.2 * rng.standard_normal(hidden)).astype(np.float32)
     f32 = onnx.TensorProto.FLOAT
     inputs = {"x": x}
     names = ["x", "scale"]
     outputs = ["y"]
     if skip:
-        inputs["skip"] = rng.standard_normal((ROWS, HIDDEN)).astype(np.float32)
+        inputs["skip"] = rng.standard_normal((rows, hidden)).astype(np.float32)
         names, outputs = ["x", "skip", "scale"], ["y", "s"]
         node = op_schema.make_skip_node(names, outputs, epsilon=EPS)
         truth = list(reference.skip_rms_norm(x, inputs["skip"], scale, epsilon=EPS))
@@ -87,8 +95,8 @@ def _norm_case(skip: bool, rng: np.random.Generator):
     graph = helper.make_graph(
         [node],
         "skip_rmsnorm" if skip else "rmsnorm",
-        [helper.make_tensor_value_info(n, f32, ["rows", HIDDEN]) for n in inputs],
-        [helper.make_tensor_value_info(n, f32, ["rows", HIDDEN]) for n in outputs],
+        [helper.make_tensor_value_info(n, f32, ["rows", hidden]) for n in inputs],
+        [helper.make_tensor_value_info(n, f32, ["rows", hidden]) for n in outputs],
         initializer=[numpy_helper.from_array(scale, "scale")],
     )
     opsets = [helper.make_opsetid("", 18), op_schema.opset_import()]
@@ -111,19 +119,12 @@ def _llama_case(batch: int, seq: int):
 
 def _forms(source: onnx.ModelProto) -> dict[str, onnx.ModelProto]:
     """Every form of ``source`` (a model holding our ops), written by the fusion pass."""
-    from rmsnorm_onnx import op_functions, op_schema
     from rmsnorm_onnx.fusion import fuse
 
     forms = {}
     for form in FORMS:
         target = "custom" if form.startswith("ours") else form
-        model, _ = fuse(source, target=target)
-        ours = any(n.domain == op_schema.DOMAIN for n in model.graph.node)
-        if form == "ours" and not op_functions.has_bodies(model):
-            op_functions.attach(model)
-        elif form == "ours-bare" or not ours:
-            op_functions.remove(model)
-        forms[form] = model
+        forms[form], _ = fuse(source, target=target, function_bodies=form != "ours-bare")
     return forms
 
 
@@ -166,7 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--openvino-python", help="interpreter with openvino")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
     parser.add_argument("--budget", type=float, default=3.0, help="timed seconds per case/runtime")
-    parser.add_argument("--cases", nargs="+", default=["rmsnorm", "skip", "llama"])
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        choices=["rmsnorm", "skip", "llama"],
+        default=["rmsnorm", "skip", "llama"],
+    )
+    parser.add_argument("--shape", default="2048x4096", help="rows x hidden of the one-norm cases")
     parser.add_argument("--llama", default="4x128", help="tiny LLaMA batch x seq (default 4x128)")
     parser.add_argument("--runtimes", nargs="+", choices=list(RUNTIMES), default=list(RUNTIMES))
     parser.add_argument("--out", type=Path, help="write the markdown here too")
@@ -182,9 +189,13 @@ def main(argv: list[str] | None = None) -> int:
 
     library = library_path()
     rng = np.random.default_rng(20261125)
+    rows, hidden = map(int, args.shape.split("x"))
     makers = {
-        "rmsnorm": ("RMSNorm 2048x4096 fp32", lambda: _norm_case(False, rng)),
-        "skip": ("SkipRMSNorm 2048x4096 fp32, S read", lambda: _norm_case(True, rng)),
+        "rmsnorm": (f"RMSNorm {args.shape} fp32", lambda: _norm_case(False, rows, hidden, rng)),
+        "skip": (
+            f"SkipRMSNorm {args.shape} fp32, S read",
+            lambda: _norm_case(True, rows, hidden, rng),
+        ),
         "llama": (
             f"tiny LLaMA sample (2 layers, hidden 64), ids {args.llama}, logits",
             lambda: _llama_case(*map(int, args.llama.split("x"))),
@@ -198,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         "norm as (ORT: norm ops in its optimized graph; OpenVINO: RMS nodes in its runtime graph).",
         "",
     ]
-    errors: dict[str, str] = {}
+    errors: dict[str, list[str]] = {}  # reason -> where it happened
     with tempfile.TemporaryDirectory(prefix="runtime_matrix.") as tmp:
         folder = Path(tmp)
         for case in args.cases:
@@ -214,11 +225,13 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.runtimes:
                 kind, which, with_library = RUNTIMES[name]
                 python = interpreters[which]
+                base, ours = _LABELS[kind]
                 if python is None:
-                    lines.append(f"| {name} | " + " | ".join(["not measured"] * len(FORMS)) + " |")
+                    row = [f"{base} ({name}){ours * with_library}", *["not measured"] * len(FORMS)]
+                    lines.append("| " + " | ".join(row) + " |")
                     continue
                 results = _spawn(python, kind, with_library, folder, library, args)
-                label = f"{name} {results.get('version', '')}".strip()
+                label = f"{base} {results.get('version', '?')}{ours * with_library}"
                 cells = []
                 for form in FORMS:
                     result = results["forms"].get(form, {"error": "no result", "stage": "?"})
@@ -228,17 +241,18 @@ def main(argv: list[str] | None = None) -> int:
                         with np.load(out) as saved:
                             outputs = [saved[k] for k in sorted(saved, key=lambda k: int(k[1:]))]
                     cell = _cell(result, truth, outputs)
-                    if result.get("error"):
-                        key = f"{label}, {form}, {case}"
-                        errors[key] = result["error"]
+                    if result.get("error"):  # the same reason is listed once
+                        text = result["error"].replace(f"{folder}{os.sep}", "")
+                        where = errors.setdefault(text, [])
+                        where += [] if f"{label}: {form}" in where else [f"{label}: {form}"]
                     cells.append(cell)
                     out.unlink(missing_ok=True)
                 lines.append(f"| {label} | " + " | ".join(cells) + " |")
                 print(lines[-1], flush=True)
             lines.append("")
     if errors:
-        lines += ["Failures (first line of each error):", ""]
-        lines += [f"- {key}: `{text}`" for key, text in errors.items()]
+        lines += ["Why a form does not load (the runtime's message, its last line):", ""]
+        lines += [f"- {'; '.join(where)}: `{text}`" for text, where in errors.items()]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -9,7 +9,13 @@ import onnx
 from .inputs import input_specs
 
 # Ops that compute a whole RMSNorm: named first in summaries, however many other ops there are.
-NORM_OPS = ("RMSNorm", "RMSNormalization", "SimplifiedLayerNormalization")
+NORM_OPS = (
+    "RMSNorm",
+    "SkipRMSNorm",
+    "RMSNormalization",
+    "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+)
 
 
 def op_summary(model: onnx.ModelProto, most: int = 6) -> str:

@@ -14,8 +14,8 @@ DEFAULT_MAX_INPUT_GB = 4.0
 
 EPILOG = """\
 examples:
-  rmsnorm-onnx run models/seeds_fused.onnx
-  rmsnorm-onnx run models/seeds_fused.onnx --dim batch=32 --dim seq=10 --repeat 100
+  rmsnorm-onnx run models/rmsnorm-layer.fused.onnx
+  rmsnorm-onnx run models/rmsnorm-layer.fused.onnx --dim batch=32 --dim seq=10 --repeat 100
   rmsnorm-onnx run model.onnx --input x=x.npy            # or --inputs all_inputs.npz
   rmsnorm-onnx run fused.onnx --compare decomposed.onnx --atol 1e-5 --rtol 1e-5
   rmsnorm-onnx run fused.onnx --provider cuda

@@ -13,7 +13,7 @@ from . import argtypes, console
 
 EPILOG = """\
 examples:
-  rmsnorm-onnx view models/seeds_fused.onnx               # a free port, opens your browser
+  rmsnorm-onnx view models/tiny-llama.fused.onnx          # a free port, opens your browser
   rmsnorm-onnx view model.onnx --port 8080 --no-browser   # then open the printed URL yourself
 
 On a remote machine, keep the default --host 127.0.0.1 and forward the port over SSH

@@ -356,6 +356,8 @@ class Reader:
     def _op_Add(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
         if len(node.inputs) < 2 or None in node.inputs[:2]:
             return Product.leaf(value)
+        if not any(_may_be_epsilon_or_mean(i) for i in node.inputs[:2]):
+            return Product.leaf(value)  # a residual sum: never read into the layers before it
         a, b = (self.read(i, depth) for i in node.inputs[:2])
         for r in (a, b):
             if isinstance(r, Miss):
@@ -595,6 +597,25 @@ def _has_plain_factor(read: Product) -> bool:
     """A factor to the power 1: the value is something times a tensor (not a square, not a
     statistic alone, whose other readers the report names)."""
     return any(isinstance(t, ir.Value) and e == 1 for t, e in read.terms())
+
+
+_ARITHMETIC = frozenset({"Cast", "CastLike", "Identity", "Mul", "Div", "Sqrt", "Pow", "Reciprocal"})
+
+
+def _may_be_epsilon_or_mean(value: ir.Value, depth: int = 6) -> bool:
+    """A cheap look before reading an Add's operand: a constant, a graph input (ε perhaps), or
+    arithmetic on them or on a statistic within a few ops. A residual sum is none of these, and
+    reading it would walk back through every layer before it."""
+    node = value.producer()
+    if node is None:
+        return True
+    if node.domain not in ("", "ai.onnx") or depth == 0:
+        return False
+    if node.op_type == "Constant" or node.op_type in STATISTIC_OPS:
+        return True
+    if node.op_type not in _ARITHMETIC:
+        return False
+    return any(_may_be_epsilon_or_mean(i, depth - 1) for i in node.inputs if i is not None)
 
 
 def _is_plain_leaf(read: Product | Miss) -> bool:

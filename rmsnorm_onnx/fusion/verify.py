@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ def _session(model: onnx.ModelProto, base_dir: Path | None) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # its errors are raised, in one line
     if base_dir is not None:
         model, folder = _data_folder(model, base_dir)
         options.add_session_config_entry(_EXTERNAL_FOLDER, str(folder))
@@ -81,33 +82,69 @@ _SUM = re.compile(r"\s*[\w.]+(?:\s*\+\s*[\w.]+)+\s*")
 _DERIVED = {"total_sequence_length": ("past_sequence_length", "sequence_length")}
 
 
-def dim_sizes(names: Iterable[str]) -> dict[str, int]:
-    """A size for each symbolic dim name: a small one (2, 3, 4, ...) each, except for dims that
-    are the sum of others (``a + b``, ``total_sequence_length``), which get that sum."""
-    names = list(dict.fromkeys(names))
+def dim_sizes(names: Iterable[str], known: Mapping[str, int] | None = None) -> dict[str, int]:
+    """A size for each symbolic dim name: ``known``'s, else a small one (2, 3, 4, ...) each,
+    except for dims that are the sum of others (``a + b``, ``total_sequence_length``), which get
+    that sum."""
+    names = [n for n in dict.fromkeys(names) if n not in (known or {})]
     terms: dict[str, list[str]] = {}
     for name in names:
         if _SUM.fullmatch(name):
             terms[name] = [t.strip() for t in name.split("+")]
         elif name in _DERIVED and all(part in names for part in _DERIVED[name]):
             terms[name] = list(_DERIVED[name])
-    sizes: dict[str, int] = {}
+    sizes: dict[str, int] = dict(known or {})
     free = [n for n in names if n not in terms] + [
         t for parts in terms.values() for t in parts if not t.isdigit()
     ]
     for name in dict.fromkeys(free):
-        sizes[name] = 2 + len(sizes) % 3
+        sizes.setdefault(name, 2 + len(sizes) % 3)
     for name, parts in terms.items():
         sizes[name] = sum(int(t) if t.isdigit() else sizes[t] for t in parts)
     return sizes
 
 
-def random_inputs(sess: Any, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs of the declared shapes, symbolic dims sized by ``dim_sizes``; an attention mask is
-    all ones (a row masked out entirely gives NaN in both models, which would prove nothing)."""
+def genai_dims(folder: Path | None, sess: Any) -> dict[str, int]:
+    """Sizes of the KV cache inputs' symbolic dims (``past_key_values.%d.key``: batch, heads,
+    past, head size) that the genai_config.json beside an onnxruntime-genai decoder states, and
+    that no dim name tells (its builder names the head size "kv_cache_dim"); batch 1, as the
+    builder's GroupQueryAttention takes several new tokens after a cache only for batch 1."""
+    try:
+        decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
+        names = decoder.get("inputs", {})
+        heads = decoder.get("num_key_value_heads", decoder.get("num_attention_heads"))
+        sizes = {0: 1, 1: heads, 3: decoder.get("head_size")}
+        past = [
+            re.compile(re.escape(names.get(key, default)).replace("%d", r"\d+"))
+            for key, default in _GENAI_PAST.items()
+        ]
+    except (TypeError, OSError, ValueError, KeyError, AttributeError, RecursionError):
+        return {}  # no folder, no config, or not one of a decoder
+    dims: dict[str, int] = {}
+    for arg in sess.get_inputs():
+        if len(arg.shape) == 4 and any(p.fullmatch(arg.name) for p in past):
+            for axis, size in sizes.items():
+                if isinstance(arg.shape[axis], str) and isinstance(size, int) and size > 0:
+                    dims[arg.shape[axis]] = size
+    return dims
+
+
+_GENAI_PAST = {
+    "past_key_names": "past_key_values.%d.key",
+    "past_value_names": "past_key_values.%d.value",
+}
+
+
+def random_inputs(
+    sess: Any, seed: int = 0, known: Mapping[str, int] | None = None
+) -> dict[str, np.ndarray]:
+    """Inputs of the declared shapes, symbolic dims sized by ``dim_sizes`` (``known`` first); an
+    attention mask is all ones (a row masked out entirely gives NaN in both models, which would
+    prove nothing)."""
     rng = np.random.default_rng(seed)
     args = sess.get_inputs()
-    sizes = dim_sizes(str(d) for a in args for d in a.shape if not (isinstance(d, int) and d >= 0))
+    symbolic = (str(d) for a in args for d in a.shape if not (isinstance(d, int) and d >= 0))
+    sizes = dim_sizes(symbolic, known)
     feeds = {}
     for arg in args:
         shape = [d if isinstance(d, int) and d >= 0 else sizes[str(d)] for d in arg.shape]
@@ -149,13 +186,25 @@ def verify(original: onnx.ModelProto, fused: onnx.ModelProto, base_dir: Path | N
     """Raise RMSNormOnnxError unless every output of ``fused`` matches ``original``."""
     ref_sess = _session(original, base_dir)
     new_sess = _session(fused, base_dir)
-    _compare(original, ref_sess, new_sess)
+    _compare(original, ref_sess, new_sess, genai_dims(base_dir, new_sess))
 
 
-def _compare(original: onnx.ModelProto, ref_sess: Any, new_sess: Any) -> None:
-    feeds = random_inputs(new_sess)
-    expected = ref_sess.run(None, feeds)
-    got = new_sess.run(None, feeds)
+def _run(sess: Any, feeds: dict[str, np.ndarray], which: str) -> list[Any]:
+    try:
+        return sess.run(None, feeds)
+    except Exception as e:  # onnxruntime's own exception types
+        shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
+        raise RMSNormOnnxError(
+            f"verify: onnxruntime cannot run {which} on random inputs ({shapes}): {e}"
+        ) from None
+
+
+def _compare(
+    original: onnx.ModelProto, ref_sess: Any, new_sess: Any, known: Mapping[str, int]
+) -> None:
+    feeds = random_inputs(new_sess, known=known)
+    expected = _run(ref_sess, feeds, "the original")
+    got = _run(new_sess, feeds, "the fused model")
     for meta, want, have in zip(new_sess.get_outputs(), expected, got, strict=True):
         want, have = np.asarray(want), np.asarray(have)
         if want.shape != have.shape:
