@@ -10,7 +10,7 @@ local = onnxscript.values.Opset("local", 1)
 
 
 @script(local, default_opset=op)
-def Norm(x, w, epsilon: float):  # noqa: N802
+def Norm(x, w, epsilon: float):
     ms = op.ReduceMean(op.Mul(x, x), op.Constant(value_ints=[-1]))
     inv = op.Div(op.Constant(value_float=1.0), op.Sqrt(ms + op.Constant(value_float=epsilon)))
     return x * inv * w

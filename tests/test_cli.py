@@ -196,12 +196,12 @@ def test_no_torch_import(argv: list[str], tmp_path) -> None:
 
 
 def test_symbolic_shape_inference_loads_without_torch() -> None:
-    """The residual rule's fallback shape inference is onnxruntime's, whose package __init__
-    imports torch: it is loaded from its file instead."""
+    """The types onnx cannot infer come from onnxruntime's symbolic shape inference, whose
+    package __init__ imports torch: it is loaded from its file instead."""
     code = (
         "import sys\n"
-        "from rmsnorm_onnx.fusion import skip\n"
-        "assert skip._symbolic_shape_inference().__name__ == 'SymbolicShapeInference'\n"
+        "from rmsnorm_onnx.fusion import types\n"
+        "assert types.symbolic_shape_inference().__name__ == 'SymbolicShapeInference'\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
     )
     result = _python(code, timeout=120)

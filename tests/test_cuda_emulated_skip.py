@@ -203,3 +203,22 @@ def test_skip_parameter_checks_emulated(emu, change, message):
         skip = None
     with pytest.raises(RuntimeError, match=message):
         emu.run(x, y, skip=skip, sum_out=s)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("with_s", [True, False], ids=["S", "noS"])
+def test_skip_rows_past_shared_memory_read_again_emulated(emu, rng, dtype, with_s):
+    """Rows longer than registers and shared memory hold (65536 wide on sm_75's 64 KB): the
+    normalize pass reads the rest again, from S where S is stored (X and skip read once), else
+    from X and skip."""
+    dt = DTYPES[dtype]
+    shape = (2, 65536)
+    x, skip = filled(data(rng, shape), dt), filled(data(rng, shape), dt)
+    y, s, config = normalize(
+        emu, x, skip=skip, sum_offset=0 if with_s else None, device="sm_75", seed=1
+    )
+    check(y, s, x, skip)
+    held = config.items * config.threads * config.vec * dt.itemsize + config.smem_bytes
+    assert held < shape[1] * dt.itemsize  # the case this test is about
+    extra = 0 if with_s else 2 * shape[0] * (shape[1] * dt.itemsize - held)
+    assert config.row_data_bytes == x.nbytes + skip.nbytes + extra, config

@@ -90,7 +90,7 @@ class Builder:
         return value
 
     def reduce(self, op_type: str, x: str) -> str:
-        if self.opset >= 18 or op_type == "ReduceSum" and self.opset >= 13:
+        if self.opset >= 18 or (op_type == "ReduceSum" and self.opset >= 13):
             return self.op(op_type, x, *self.axes(), keepdims=1)
         return self.op(op_type, x, axes=[-1], keepdims=1)
 
@@ -233,8 +233,16 @@ def check_fuses(s: Spelling, opset: int = 18) -> None:
 
 def _spellings():
     noise = st.lists(
-        st.sampled_from(["identity-mean", "cast-mean", "identity-root", "cast-root",
-                         "identity-product", "cast-product"]),  # fmt: skip
+        st.sampled_from(
+            [
+                "identity-mean",
+                "cast-mean",
+                "identity-root",
+                "cast-root",
+                "identity-product",
+                "cast-product",
+            ]
+        ),
         max_size=3,
         unique=True,
     ).map(tuple)

@@ -183,7 +183,7 @@ def test_gemma_scale_is_folded_from_an_external_weight(tmp_path):
     _save_external(build(v), src)
     out = tmp_path / "gemma_fused.onnx"
     report = fuse_file(src, out, verify=True)
-    assert list(report.fused) == ["x²=pow, eps=inside, root=reciprocal +scale(1+w folded) +cast"]
+    assert list(report.fused) == ["x²=pow, eps=inside, root=reciprocal +cast +scale(1+w folded)"]
 
 
 _PEAK = """

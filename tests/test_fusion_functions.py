@@ -42,7 +42,11 @@ def _norm_body(x: str, w: str | None, y: str) -> list[onnx.NodeProto]:
     ]
     if w is None:
         return [*nodes, helper.make_node("Mul", [x, "inv"], [y])]
-    return [*nodes, helper.make_node("Mul", [x, "inv"], ["n"]), helper.make_node("Mul", ["n", w], [y])]
+    return [
+        *nodes,
+        helper.make_node("Mul", [x, "inv"], ["n"]),
+        helper.make_node("Mul", ["n", w], [y]),
+    ]
 
 
 def _norm_function(with_scale: bool) -> onnx.FunctionProto:
@@ -134,9 +138,7 @@ def test_residual_add_outside_the_function_is_absorbed(target: str) -> None:
 def test_norm_split_over_nested_functions() -> None:
     """Inner computes the inverse RMS, Outer multiplies: one chain once both are inlined."""
     inner_body = _norm_body("x", None, "unused")[:-1]  # up to inv
-    inner = helper.make_function(
-        "local", "InvRms", ["x"], ["inv"], inner_body, OPSET, ["epsilon"]
-    )
+    inner = helper.make_function("local", "InvRms", ["x"], ["inv"], inner_body, OPSET, ["epsilon"])
     outer_body = [
         helper.make_node("InvRms", ["x"], ["inv"], domain="local", epsilon=1e-5),
         helper.make_node("Mul", ["x", "inv"], ["n"]),
@@ -176,5 +178,5 @@ def test_onnxscript_script_function() -> None:
     model = pytest.importorskip("onnxscript_norm").model()
     rng = np.random.default_rng(5)
     x = rng.standard_normal(SHAPE).astype(np.float32)
-    fused, report = _check(model, {"x": x, "w": W}, [rms_norm(x, W, epsilon=1e-5)], "custom", 1)
+    fused, _ = _check(model, {"x": x, "w": W}, [rms_norm(x, W, epsilon=1e-5)], "custom", 1)
     assert [n.op_type for n in fused.graph.node if n.domain] == ["RMSNorm"]

@@ -153,3 +153,21 @@ def test_genai_refuses_a_library_outside_the_folder(
     (folder / CONFIG).write_text(json.dumps(config))
     with pytest.raises(RuntimeError, match="not within an allowed directory"):
         og.Model(str(folder))
+
+
+def test_converted_folder_runs_without_the_library(
+    built: Path, tmp_path: Path, fused_library: str
+) -> None:
+    """Our ops carry their definition as ONNX functions: with the library taken out of the
+    converted folder (the file and its genai_config.json entry), onnxruntime-genai runs the
+    bodies and generates the same greedy tokens."""
+    out = tmp_path / "llama-custom"
+    proc = run_cli("fuse", built, out)
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((out / CONFIG).read_text())
+    (out / config["model"]["decoder"]["session_options"].pop("custom_ops_library")).unlink()
+    (out / CONFIG).write_text(json.dumps(config, indent=4))
+    counts = op_counts(out / "model.onnx")  # our ops, run without our library
+    assert {op: counts.get(op, 0) for op in EXPECTED["custom"]} == EXPECTED["custom"], counts
+    assert not [p.name for p in out.iterdir() if p.name == Path(fused_library).name]
+    assert _greedy(out) == _greedy(built)

@@ -1,6 +1,6 @@
 // AVX2 + FMA + F16C row kernels (compiled with -mavx2 -mfma -mf16c; run only where the CPU has
-// them, see ChooseRows in cpu_op.cc). Everything here is in an anonymous namespace except NormalizeRows, so no
-// AVX2 code can stand in for a baseline function at link time.
+// them, see ChooseRows in cpu_op.cc). Everything here is in an anonymous namespace except
+// NormalizeRows and ToFloat, so no AVX2 code can stand in for a baseline function at link time.
 #include <immintrin.h>
 
 #include <cmath>

@@ -151,7 +151,8 @@ double WideSumSquares(const void* row, int64_t n) {
 }  // namespace
 
 void NormalizeRows(const RowArgs& args, int64_t row_begin, int64_t row_end) {
-  VisitDType(args.dtype, [&](auto d) { RowsFor<Elem<decltype(d)::value>>(args, row_begin, row_end); });
+  VisitDType(args.dtype,
+             [&](auto d) { RowsFor<Elem<decltype(d)::value>>(args, row_begin, row_end); });
 }
 
 void ToFloat(DType dtype, const void* src, int64_t n, float* dst) {

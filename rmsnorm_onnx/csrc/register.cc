@@ -23,8 +23,8 @@ namespace {
 // What this build holds, as a string in the binary that tests (and `strings`) can read without
 // loading the library: "rmsnorm_onnx-build: cuda=1 ort_api=21".
 extern "C" __attribute__((used)) const char rmsnorm_onnx_build_info[] =
-    "rmsnorm_onnx-build: cuda=" RMSNORM_ONNX_STR(RMSNORM_ONNX_WITH_CUDA) " ort_api=" RMSNORM_ONNX_STR(
-        ORT_API_VERSION);
+    "rmsnorm_onnx-build: cuda=" RMSNORM_ONNX_STR(RMSNORM_ONNX_WITH_CUDA)
+    " ort_api=" RMSNORM_ONNX_STR(ORT_API_VERSION);
 
 // One op per (op kind, X type): RMSNorm and SkipRMSNorm for every row of dtype.h's table.
 constexpr size_t kTypes = kDTypeCount;

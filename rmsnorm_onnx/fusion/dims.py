@@ -147,8 +147,8 @@ class Dims:
         rank = len(value.shape)
         if op in _BROADCAST:
             return self._broadcast([(v, None) for v in node.inputs], rank, axis, depth)
-        rule = getattr(self, f"_{op.lower()}", None)
-        return [] if rule is None else rule(node, out, rank, axis, depth)
+        rule = _RULES.get(op)
+        return [] if rule is None else rule(self, node, out, rank, axis, depth)
 
     def _broadcast(self, operands, rank: int, axis: int, depth: int) -> list[Tokens]:
         """The dim of a broadcast: an operand's where every other one is provably 1 or the same
@@ -360,3 +360,18 @@ class Dims:
                 return None
             return elements[index[0]] if -len(elements) <= index[0] < len(elements) else None
         return None
+
+
+# op -> the rule proving its output dims (the ops of _SAME_SHAPE and _BROADCAST aside)
+_RULES = {
+    "MatMul": Dims._matmul,
+    "Transpose": Dims._transpose,
+    "Gather": Dims._gather,
+    "Unsqueeze": Dims._unsqueeze,
+    "Squeeze": Dims._squeeze,
+    "Slice": Dims._slice,
+    "Split": Dims._split,
+    "Concat": Dims._concat,
+    "Expand": Dims._expand,
+    "Reshape": Dims._reshape,
+}

@@ -17,10 +17,6 @@ merges two symbols a broadcast meets as if neither could be 1.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
@@ -31,27 +27,6 @@ from .patterns import _fused_parts, emit
 from .values import dim_tokens
 
 LABEL = " +residual Add"
-
-
-def _symbolic_shape_inference() -> type:
-    """onnxruntime's SymbolicShapeInference (for element types only: see ``types``), loaded
-    from its file: importing it as
-    ``onnxruntime.tools.symbolic_shape_infer`` runs ``onnxruntime/tools/__init__.py``, which
-    imports torch where it is installed (fusion never imports torch, DESIGN §5)."""
-    name = "rmsnorm_onnx._ort_symbolic_shape_infer"
-    module = sys.modules.get(name)
-    if module is None:
-        package = importlib.util.find_spec("onnxruntime")
-        if package is None or package.origin is None:
-            raise ImportError("onnxruntime is not installed")
-        path = Path(package.origin).parent / "tools" / "symbolic_shape_infer.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return module.SymbolicShapeInference
 
 
 def _constant(value: ir.Value) -> bool:

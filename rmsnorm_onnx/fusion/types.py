@@ -12,13 +12,15 @@ for other domains it guesses a rank, which proves nothing).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import sys
+from pathlib import Path
 
 import onnx
 import onnx_ir as ir
 
 from .algebra import STATISTIC_OPS
-from .skip import _symbolic_shape_inference
 from .sources import SOURCE_OPS
 
 _log = logging.getLogger(__name__)
@@ -33,7 +35,13 @@ def _untyped(model: ir.Model) -> list[ir.Value]:
         if not near and (node.domain, node.op_type) not in SOURCE_OPS:
             continue
         found += [v for v in node.inputs if v is not None and (v.dtype is None or v.shape is None)]
-    return found
+    # the norm ops' own outputs are the raise rules' business: ORT's inference gives
+    # SimplifiedLayerNormalization's Y the type of X, where the op gives it the scale's
+    return [v for v in found if v.producer() is None or not _is_source(v.producer())]
+
+
+def _is_source(node: ir.Node) -> bool:
+    return (node.domain, node.op_type) in SOURCE_OPS
 
 
 def fill(model: ir.Model, proto: onnx.ModelProto | None) -> int:
@@ -43,16 +51,14 @@ def fill(model: ir.Model, proto: onnx.ModelProto | None) -> int:
     if not missing or proto is None:
         return 0
     try:
-        inferred = _symbolic_shape_inference().infer_shapes(
-            proto, auto_merge=True, guess_output_rank=True
-        )
+        known = _ort_inference(proto)
     except Exception as e:  # an op it cannot follow: nothing more is known
         _log.debug("symbolic shape inference failed: %s", e)
         return 0
     table = {}
-    for info in [*inferred.graph.value_info, *inferred.graph.output]:
+    for name, info in known.items():
         if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
-            table[info.name] = info
+            table[name] = info
     count = 0
     for value in {id(v): v for v in missing}.values():
         info = table.get(value.name or "")
@@ -68,3 +74,40 @@ def fill(model: ir.Model, proto: onnx.ModelProto | None) -> int:
             value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
             count += 1
     return count
+
+
+def _ort_inference(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Every value onnxruntime's symbolic shape inference could type, by name. Run through its
+    steps rather than ``infer_shapes``, which saves a model into the working folder when it
+    cannot type everything; what it did type is still of use. No dim merging (``auto_merge``
+    assumes dims that differ are equal, which is not a proof)."""
+    inference = symbolic_shape_inference()(2**31 - 1, False, True, 0)
+    inference._preprocess(proto)
+    while inference.run_:
+        try:
+            if inference._infer_impl():
+                break
+        except Exception as e:  # typed this far; the rest stays unknown
+            _log.debug("symbolic shape inference stopped: %s", e)
+            break
+    return dict(inference.known_vi_)
+
+
+def symbolic_shape_inference() -> type:
+    """onnxruntime's SymbolicShapeInference, loaded from its file: importing it as
+    ``onnxruntime.tools.symbolic_shape_infer`` runs ``onnxruntime/tools/__init__.py``, which
+    imports torch where it is installed (fusion never imports torch, DESIGN §5)."""
+    name = "rmsnorm_onnx._ort_symbolic_shape_infer"
+    module = sys.modules.get(name)
+    if module is None:
+        package = importlib.util.find_spec("onnxruntime")
+        if package is None or package.origin is None:
+            raise ImportError("onnxruntime is not installed")
+        path = Path(package.origin).parent / "tools" / "symbolic_shape_infer.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return module.SymbolicShapeInference

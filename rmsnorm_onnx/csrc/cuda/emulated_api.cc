@@ -1,7 +1,7 @@
 // librmsnorm_onnx_emulated: the CUDA kernel body of rmsnorm_kernel.h run on the host by the fiber
 // emulator, with the launch configuration rmsnorm.cu would choose; and rmsnorm.cu's launch
-// protocol (launch_protocol.h) over a fake driver. A plain C API for the tests (tests/cuda_emulator.py,
-// through ctypes); not part of the custom-op library.
+// protocol (launch_protocol.h) over a fake driver. A plain C API for the tests
+// (tests/cuda_emulator.py, through ctypes); not part of the custom-op library.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -103,6 +103,7 @@ struct FakeDriver {
 }  // namespace rmsnorm_onnx::cuda
 
 using rmsnorm_onnx::DType;
+using rmsnorm_onnx::ElementBytes;
 using rmsnorm_onnx::cuda::LaunchConfig;
 
 extern "C" {
@@ -194,7 +195,7 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
   }
   if (p.rows == 0 || p.cols == 0) return 0;
   const LaunchConfig config = rc::ChooseLaunchConfig(p, max_smem_bytes, max_grid);
-  const size_t es = rmsnorm_onnx::ElementBytes(p.x_type);
+  const size_t es = ElementBytes(p.x_type);
   const size_t bytes = static_cast<size_t>(p.rows * p.cols) * es;
   const size_t skip_bytes = static_cast<size_t>(p.skip_rows * p.cols) * es;
   rc::EmulatedLaunch launch{config, schedule_seed, rc::MakeKernelArgs(p, config), {}, {}, {}};
@@ -203,10 +204,9 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
       {p.y, bytes, true, "Y"},
       {p.skip, p.skip ? skip_bytes : 0, false, "skip", true},
       {p.sum, p.sum ? bytes : 0, true, "S"},
-      {p.scale, static_cast<size_t>(params->scale_count) * rmsnorm_onnx::ElementBytes(p.scale_type), false,
+      {p.scale, static_cast<size_t>(params->scale_count * ElementBytes(p.scale_type)), false,
        "scale"},
-      {p.bias, static_cast<size_t>(params->bias_count) * rmsnorm_onnx::ElementBytes(p.bias_type), false,
-       "bias"},
+      {p.bias, static_cast<size_t>(params->bias_count * ElementBytes(p.bias_type)), false, "bias"},
   };
   if (!rc::Dispatch<rc::HostPrimitives>(p.x_type, config, launch)) {
     rc::CopyError("no kernel compiled for the chosen launch configuration", error, error_len);
@@ -228,7 +228,8 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
 // launch_protocol.h's shared-memory limit under racing launches: `threads` threads each launch
 // `launches` times, alternating between a long-row configuration over the default shared-memory
 // limit and a larger one, all on one kernel and device (a limit set per launch let one thread
-// lower it between another's set and launch). Out: how often the limit was raised, how many launches failed, the limit left.
+// lower it between another's set and launch). Out: how often the limit was raised, how many
+// launches failed, the limit left.
 __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_shared_limit_race(
     int32_t threads, int32_t launches, int32_t max_smem_bytes, int64_t* raises,
     int64_t* failures, int64_t* limit) {

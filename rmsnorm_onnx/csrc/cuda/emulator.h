@@ -10,15 +10,17 @@
 //
 // Scheduling: round robin by default. With a nonzero seed, each pass over the threads visits
 // them in a random order and resumes each with a per-warp probability (1, 1/2 or 1/10, drawn
-// per block), so warps drift apart by many barrier phases, as they may on a GPU: a kernel relying on an ordering the CUDA model does not
-// promise (say, reusing shared memory without a barrier) computes wrong values under some seed.
+// per block), so warps drift apart by many barrier phases, as they may on a GPU: a kernel relying
+// on an ordering the CUDA model does not promise (say, reusing shared memory without a barrier)
+// computes wrong values under some seed.
 //
 // Memory is checked: every Load/Store of the kernel must fall inside a registered region (X,
 // skip, scale, bias read-only; Y, S; the block's dynamic shared memory) and be aligned to its
 // access size, as a GPU requires of vector accesses. Outputs may be bound over inputs (an
 // in-place update): a store then goes to the writable region, and a read-only (non-coherent)
-// load of a byte the launch has already stored is an error, as a GPU could return stale data. A thread that exits while others wait at a barrier, or
-// shuffle masks that differ within a warp, are reported as errors too.
+// load of a byte the launch has already stored is an error, as a GPU could return stale data. A
+// thread that exits while others wait at a barrier, or shuffle masks that differ within a warp,
+// are reported as errors too.
 #pragma once
 #include <cstddef>
 #include <cstdint>

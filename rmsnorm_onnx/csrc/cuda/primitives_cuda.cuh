@@ -13,8 +13,9 @@ namespace rmsnorm_onnx::cuda {
 struct CudaPrimitives {
   // CUDA's type for each row of dtype.h's table
   template <DType D>
-  using Storage = std::conditional_t<D == DType::kFloat16, __half,
-                                     std::conditional_t<D == DType::kBFloat16, __nv_bfloat16, float>>;
+  using Storage =
+      std::conditional_t<D == DType::kFloat16, __half,
+                         std::conditional_t<D == DType::kBFloat16, __nv_bfloat16, float>>;
 
   __device__ __forceinline__ static int ThreadIdx() { return static_cast<int>(threadIdx.x); }
   __device__ __forceinline__ static int Warp() { return static_cast<int>(threadIdx.x) >> 5; }

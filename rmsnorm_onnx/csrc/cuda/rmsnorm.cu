@@ -1,5 +1,5 @@
 // CUDA launcher of the RMSNorm / SkipRMSNorm kernels. No ORT header here (nvcc 13 cannot compile
-// ORT's lite custom-op header): the op code in cuda_op.cc calls Launch through cuda/launch_params.h.
+// ORT's lite custom-op header): the op code in cuda_op.cc calls Launch (cuda/launch_params.h).
 //
 // Kernel names say what they are, so the ptxas report can be read without the template
 // arguments: `Warp` (small rows, several per warp), `Block` (a block per row), `Skip` (the fused

@@ -300,12 +300,12 @@ RMSNORM_DEVICE Pack<T, VEC> FetchAgain(const RowView<T, VEC>& r, int v) {
   return FetchVector<P, T, VEC, SKIP>(r, v, false);
 }
 
-// Element `col` again (the rescue), as FetchAgain; S of col may have been stored by another
-// thread: the caller has synchronized.
+// Element `col` again (the rescue), as FetchAgain, with `s` the row of S (nullptr: not stored);
+// S of col may have been stored by another thread: the caller has synchronized.
 template <class P, typename T, int VEC, bool SKIP>
-RMSNORM_DEVICE float FetchScalarAgain(const RowView<T, VEC>& r, int col) {
+RMSNORM_DEVICE float FetchScalarAgain(const RowView<T, VEC>& r, const T* s, int col) {
   if constexpr (SKIP) {
-    if (r.s != nullptr) return P::ToFloat(P::Load(r.s + col));
+    if (s != nullptr) return P::ToFloat(P::Load(s + col));
   }
   return FetchScalar<P, T, VEC, SKIP>(r, col, false);
 }
@@ -354,8 +354,8 @@ struct ScaleAhead {
   }
   // The scale of vector v, the thread's item i (-1: not an item).
   RMSNORM_DEVICE Pack<S, VEC> At(const KernelArgs& a, int i, int v) const {
-    return i >= 0 && i < kHeld ? held[i < kHeld ? i : 0]
-                               : LoadChunks<P, S, VEC>(static_cast<const S*>(a.scale.ptr) + v * VEC);
+    if (i >= 0 && i < kHeld) return held[i < kHeld ? i : 0];
+    return LoadChunks<P, S, VEC>(static_cast<const S*>(a.scale.ptr) + v * VEC);
   }
   RMSNORM_DEVICE void KeepPacked() {
     RMSNORM_UNROLL
@@ -494,14 +494,18 @@ RMSNORM_DEVICE void NormalizeAndStore(const KernelArgs& a, const RowView<T, VEC>
 template <class P, typename T, int VEC, bool WARP, bool SKIP>
 RMSNORM_DEVICE void RescueRow(const KernelArgs& a, const RowView<T, VEC>& r, const Lane& l,
                               float ss) {
+  // S's row found from Y's, which pass 2 keeps live anyway: r.s kept live across the reduction
+  // for this rare path cost the warp kernels registers
+  const T* s =
+      SKIP && a.sum ? static_cast<const T*>(a.sum) + (r.y - static_cast<T*>(a.y)) : nullptr;
   // S of other lanes must be visible: the shuffles order no memory (a block's reduction had its
   // barrier)
-  if (WARP && SKIP && r.s != nullptr) P::SyncWarp();
+  if (WARP && s != nullptr) P::SyncWarp();
   const int cols = r.active ? r.cols : 0;
   const bool overflow = ss > 3.402823466e38f;
   float m = 0.f;
   for (int c = l.rank; c < cols; c += l.lanes) {
-    const float v = FetchScalarAgain<P, T, VEC, SKIP>(r, c);
+    const float v = FetchScalarAgain<P, T, VEC, SKIP>(r, s, c);
     const float mag = v < 0.f ? -v : v;
     m = mag > m ? mag : m;  // a NaN never wins (none here: ss would be NaN)
   }
@@ -513,7 +517,7 @@ RMSNORM_DEVICE void RescueRow(const KernelArgs& a, const RowView<T, VEC>& r, con
   }
   float t = 0.f;
   for (int c = l.rank; c < cols; c += l.lanes) {
-    const float v = FetchScalarAgain<P, T, VEC, SKIP>(r, c) * pre;
+    const float v = FetchScalarAgain<P, T, VEC, SKIP>(r, s, c) * pre;
     t += v * v;
   }
   // the first sum's slots again: every thread read them before the max's barrier
@@ -524,7 +528,7 @@ RMSNORM_DEVICE void RescueRow(const KernelArgs& a, const RowView<T, VEC>& r, con
   const float rstd = a.eps_outside ? P::Reciprocal(P::Sqrt(ms) + a.epsilon * pre)
                                    : P::Rsqrt(ms + a.epsilon * pre * pre);
   for (int c = l.rank; c < cols; c += l.lanes) {
-    float o = FetchScalarAgain<P, T, VEC, SKIP>(r, c) * pre * rstd;
+    float o = FetchScalarAgain<P, T, VEC, SKIP>(r, s, c) * pre * rstd;
     if (a.scale.ptr) o *= LoadParam<P, T>(a.scale, c);
     if (a.bias.ptr) o += LoadParam<P, T>(a.bias, c);
     P::Store(r.y + c, P::template FromFloat<T>(o));

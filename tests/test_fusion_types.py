@@ -1,0 +1,50 @@
+"""Element types onnx's inference leaves unknown come from onnxruntime's symbolic shape inference:
+a residual Add whose operand comes out of a ``com.microsoft`` op (as after ORT's quantizers) is
+absorbed; the inference never leaves files behind in the working folder."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from fusion_graphs import Variant, build, run
+from onnx import TensorProto, helper
+
+from rmsnorm_onnx.fusion import fuse
+
+
+def _after_contrib_op(unknown_op: bool) -> onnx.ModelProto:
+    """x -> com.microsoft FastGelu -> Add(residual r) -> decomposed norm; optionally an op of a
+    domain nobody knows beside it (symbolic inference then cannot type everything)."""
+    v = Variant()
+    model = build(v)
+    gelu = helper.make_node("FastGelu", ["x_in"], ["g"], domain="com.microsoft")
+    add = helper.make_node("Add", ["g", "r"], ["x"])
+    model.graph.node.insert(0, add)
+    model.graph.node.insert(0, gelu)
+    model.graph.input[0].name = "x_in"
+    model.graph.input.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, list(v.shape)))
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    if unknown_op:
+        model.graph.node.append(helper.make_node("Mystery", ["r"], ["m"], domain="nobody"))
+        model.graph.output.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, None))
+        model.opset_import.append(helper.make_opsetid("nobody", 1))
+    return model
+
+
+def test_residual_after_a_contrib_op_is_absorbed() -> None:
+    model = _after_contrib_op(unknown_op=False)
+    fused, report = fuse(model)
+    assert report.fused_count == 1 and report.with_skip == 1, report.summary(verbose=True)
+    assert [n.op_type for n in fused.graph.node if n.domain == "rmsnorm_onnx"] == ["SkipRMSNorm"]
+    rng = np.random.default_rng(0)
+    feeds = {"x_in": rng.standard_normal((2, 3, 16)).astype(np.float32)}
+    feeds["r"] = rng.standard_normal((2, 3, 16)).astype(np.float32)
+    want = run(model, feeds)[0]
+    np.testing.assert_allclose(run(fused, feeds)[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_incomplete_inference_writes_nothing_in_the_working_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, report = fuse(_after_contrib_op(unknown_op=True))
+    assert report.with_skip == 1, report.summary(verbose=True)
+    assert list(tmp_path.iterdir()) == []
