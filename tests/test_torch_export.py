@@ -157,9 +157,12 @@ def test_model_checks_and_keeps_batch_and_sequence_dynamic(exported) -> None:
         23 if mode == "standard" else 18
     )
     assert (op_schema.DOMAIN in {i.domain for i in model.opset_import}) == (mode == "fused")
-    assert model.ir_version == onnx.helper.find_min_ir_version_for(
-        list(model.opset_import), ignore_unknown=True
-    )
+    lowest = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    if mode == "fused":  # our ops' bodies: IR 10 overloads, the zoo's norms differ in inputs
+        assert {f.domain for f in model.functions} == {op_schema.DOMAIN}
+        assert any(f.overload for f in model.functions)
+        lowest = max(lowest, 10)
+    assert model.ir_version == lowest
     dims = [
         [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
         for i in model.graph.input

@@ -9,21 +9,16 @@ the fuse report shows.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from .. import op_schema
 from .canonical import PATTERN_TAG, SOURCE_TAG
-from .values import (
-    FLOAT_TYPES,
-    constant_array,
-    fits_normalized,
-    scalar,
-)
+from .values import FLOAT_TYPES, fits_normalized, one_plus_constant
 
 
 def emit(
@@ -57,14 +52,28 @@ def emit(
     return out
 
 
-def _fused_parts(
-    normed: ir.Value,
-) -> tuple[ir.Node, list[ir.Value | None], dict[str, Any], str, str]:
-    node = normed.producer()
-    inputs: list[ir.Value | None] = [*node.inputs, None, None][:3]
-    attrs = {name: attr.value for name, attr in node.attributes.items()}
-    source = node.metadata_props.get(SOURCE_TAG, node.op_type)
-    return node, inputs, attrs, node.metadata_props.get(PATTERN_TAG, source), source
+@dataclasses.dataclass(frozen=True)
+class Fused:
+    """One of our norm nodes as the rules rebuild it: its node, inputs (X, scale, bias; absent
+    ones None), attributes, report label and source form."""
+
+    node: ir.Node
+    inputs: list[ir.Value | None]
+    attrs: dict[str, Any]
+    label: str
+    source: str
+
+    @classmethod
+    def of(cls, normed: ir.Value) -> Fused:
+        node = normed.producer()
+        source = node.metadata_props.get(SOURCE_TAG, node.op_type)
+        return cls(
+            node,
+            [*node.inputs, None, None][:3],
+            {name: attr.value for name, attr in node.attributes.items()},
+            node.metadata_props.get(PATTERN_TAG, source),
+            source,
+        )
 
 
 def _normalized_axes(node: ir.Node) -> int | None:
@@ -110,15 +119,14 @@ class AbsorbCast(pattern.RewriteRuleClassBase):
             return result.fail("Cast back to a type other than the input's", normed)
         if len(normed.uses()) != 1 or normed.is_graph_output():
             return result.fail("the norm's output is also used outside the Cast back", normed)
-        _, inputs, _, _, _ = _fused_parts(normed)
-        for param in inputs[1:]:
+        for param in Fused.of(normed).inputs[1:]:
             if param is not None and param.dtype != ir.DataType.FLOAT:
                 return result.fail("scale/bias is not float32", param)
         return result
 
     def rewrite(self, op, x, normed, **_):
-        _, inputs, attrs, label, source = _fused_parts(normed)
-        return emit(op, [x, *inputs[1:]], attrs, label + " +cast", source)
+        f = Fused.of(normed)
+        return emit(op, [x, *f.inputs[1:]], f.attrs, f.label + " +cast", f.source)
 
 
 class DropNoOpCast(pattern.RewriteRuleClassBase):
@@ -138,8 +146,9 @@ class DropNoOpCast(pattern.RewriteRuleClassBase):
         return result
 
     def rewrite(self, op, x, normed, **_):
-        node, inputs, attrs, _, source = _fused_parts(normed)
-        return emit(op, [x, *inputs[1:]], attrs, node.metadata_props.get(PATTERN_TAG), source)
+        f = Fused.of(normed)
+        label = f.node.metadata_props.get(PATTERN_TAG)  # a no-op Cast: no fusion to report
+        return emit(op, [x, *f.inputs[1:]], f.attrs, label, f.source)
 
 
 class AbsorbScale(pattern.RewriteRuleClassBase):
@@ -153,10 +162,10 @@ class AbsorbScale(pattern.RewriteRuleClassBase):
 
     def check(self, context, w, normed, **_):
         result = pattern.MatchResult()
-        node, inputs, _, _, _ = _fused_parts(normed)
-        if inputs[1] is not None or inputs[2] is not None:
-            return result.fail("the norm already has a scale or bias", node)
-        why = fits_normalized(w, inputs[0], _normalized_axes(node))
+        f = Fused.of(normed)
+        if f.inputs[1] is not None or f.inputs[2] is not None:
+            return result.fail("the norm already has a scale or bias", f.node)
+        why = fits_normalized(w, f.inputs[0], _normalized_axes(f.node))
         if why is not None:
             return result.fail(f"scale Mul: {why}", w)
         if None not in (w.dtype, normed.dtype) and w.dtype != normed.dtype:
@@ -164,14 +173,14 @@ class AbsorbScale(pattern.RewriteRuleClassBase):
         return result
 
     def rewrite(self, op, w, normed, **_):
-        _, inputs, attrs, label, source = _fused_parts(normed)
-        folded = _one_plus_constant(w)
+        f = Fused.of(normed)
+        folded = one_plus_constant(w)
         if folded is not None:
             tensor = ir.tensor(folded, name=f"{w.name}_folded")
             w = op.Constant(value=tensor)
             w.dtype, w.shape = tensor.dtype, ir.Shape(tensor.shape)
-            return emit(op, [inputs[0], w], attrs, label + " +scale(1+w folded)", source)
-        return emit(op, [inputs[0], w], attrs, label + " +scale", source)
+            return emit(op, [f.inputs[0], w], f.attrs, f.label + " +scale(1+w folded)", f.source)
+        return emit(op, [f.inputs[0], w], f.attrs, f.label + " +scale", f.source)
 
 
 class AbsorbBias(pattern.RewriteRuleClassBase):
@@ -185,10 +194,10 @@ class AbsorbBias(pattern.RewriteRuleClassBase):
 
     def check(self, context, b, normed, **_):
         result = pattern.MatchResult()
-        node, inputs, _, _, _ = _fused_parts(normed)
-        if inputs[2] is not None:
-            return result.fail("the norm already has a bias", node)
-        why = fits_normalized(b, inputs[0], _normalized_axes(node))
+        f = Fused.of(normed)
+        if f.inputs[2] is not None:
+            return result.fail("the norm already has a bias", f.node)
+        why = fits_normalized(b, f.inputs[0], _normalized_axes(f.node))
         if why is not None:
             return result.fail(f"bias Add: {why}", b)
         if None not in (b.dtype, normed.dtype) and b.dtype != normed.dtype:
@@ -196,28 +205,8 @@ class AbsorbBias(pattern.RewriteRuleClassBase):
         return result
 
     def rewrite(self, op, b, normed, **_):
-        _, inputs, attrs, label, source = _fused_parts(normed)
-        return emit(op, [inputs[0], inputs[1], b], attrs, label + " +bias", source)
-
-
-def _one_plus_constant(w: ir.Value) -> np.ndarray | None:
-    """(1 + c) computed in w's type when w = Add(c, 1) (or Add(1, c)) with constant c, else None."""
-    add = w.producer()
-    if add is None or add.op_type != "Add" or add.domain != "" or len(w.uses()) != 1:
-        return None
-    for one, other in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
-        if scalar(one) != 1.0 or w.dtype is None:
-            continue
-        array = constant_array(other)
-        if array is None and other is not None and other.producer() is not None:
-            cast = other.producer()  # Gemma fp16: 1 + w.float()
-            if cast.op_type == "Cast" and cast.domain == "":
-                array = constant_array(cast.inputs[0])
-        if array is None:
-            continue
-        dtype = w.dtype.numpy()
-        return np.add(array.astype(dtype), np.asarray(1, dtype=dtype))
-    return None
+        f = Fused.of(normed)
+        return emit(op, [*f.inputs[:2], b], f.attrs, f.label + " +bias", f.source)
 
 
 def absorb_rules() -> list[pattern.RewriteRule]:

@@ -19,7 +19,6 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 
 from .. import op_schema
@@ -36,7 +35,7 @@ from .algebra import (
 from .canonical import PATTERN_TAG, SOURCE_TAG
 from .diagnose import where
 from .report import Skip
-from .values import FLOAT_TYPES, constant_array, fits_normalized, rank
+from .values import FLOAT_TYPES, fits_normalized, one_plus_constant, rank
 
 WALK_OPS = frozenset(
     {"Mul", "Div", "Reciprocal", "Sqrt", "Pow", "Add", "Cast", "CastLike", "Identity"}
@@ -284,30 +283,17 @@ def rewrite(norm: Norm) -> ir.Node:
 
 def _folded(scale: ir.Value, graph: ir.Graph, before: ir.Node) -> ir.Value:
     """Gemma's ``1 + w`` with constant w as one constant (computed in w's type), else ``scale``."""
-    add = scale.producer()
-    if add is None or add.op_type != "Add" or len(scale.uses()) != 1 or scale.dtype is None:
+    array = one_plus_constant(scale)
+    if array is None:
         return scale
-    for one, other in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
-        c = constant_array(one, max_size=1)
-        if c is None or c.size != 1 or float(c.reshape(())) != 1.0:
-            continue
-        array = constant_array(other)
-        if array is None and other is not None and other.producer() is not None:
-            cast = other.producer()  # Gemma fp16: 1 + w.float()
-            if cast.op_type == "Cast" and cast.domain in ("", "ai.onnx"):
-                array = constant_array(cast.inputs[0])
-        if array is None:
-            continue
-        dtype = scale.dtype.numpy()
-        folded = ir.tensor(np.add(array.astype(dtype), np.asarray(1, dtype=dtype)))
-        constant = ir.node("Constant", [], attributes={"value": folded})
-        value = constant.outputs[0]
-        value.name = f"{scale.name}_folded"
-        value.dtype, value.shape = folded.dtype, ir.Shape(folded.shape)
-        value.const_value = folded
-        graph.insert_before(before, constant)
-        return value
-    return scale
+    folded = ir.tensor(array)
+    constant = ir.node("Constant", [], attributes={"value": folded})
+    value = constant.outputs[0]
+    value.name = f"{scale.name}_folded"
+    value.dtype, value.shape = folded.dtype, ir.Shape(folded.shape)
+    value.const_value = folded
+    graph.insert_before(before, constant)
+    return value
 
 
 def _label(read: Product, eps: float, outside: bool, cast: bool) -> str:

@@ -23,7 +23,7 @@ from onnxscript.rewriter import pattern
 from .. import op_schema
 from ..reference import skip_fits
 from .dims import Dims
-from .patterns import _fused_parts, emit
+from .patterns import Fused, emit
 from .values import dim_tokens
 
 LABEL = " +residual Add"
@@ -98,15 +98,15 @@ class ResidualAdd(pattern.RewriteRuleClassBase):
         return result
 
     def rewrite(self, op, normed, **_):
-        _, inputs, attrs, label, source = _fused_parts(normed)
+        f = Fused.of(normed)
         x, skip = self._order
         n = 2 if self.keep_sum else 1
         return emit(
             op,
-            [x, skip, *inputs[1:]],
-            attrs,
-            label + LABEL,
-            source + " + Add",
+            [x, skip, *f.inputs[1:]],
+            f.attrs,
+            f.label + LABEL,
+            f.source + " + Add",
             op_schema.SKIP_OP_TYPE,
             n,
         )

@@ -157,3 +157,27 @@ def default_domain_version(imports: Mapping[str, int]) -> int | None:
         if name in imports:
             return int(imports[name])
     return None
+
+
+def one_plus_constant(w: ir.Value) -> np.ndarray | None:
+    """Gemma's ``1 + w``: the sum computed in w's type when w = Add(c, 1) (either order) with a
+    constant c (also c = Cast(constant), Gemma in fp16), else None. Only read when w has no other
+    reader (the Add goes with the fold)."""
+    add = w.producer()
+    if add is None or add.op_type != "Add" or add.domain not in DEFAULT_DOMAINS:
+        return None
+    if len(w.uses()) != 1 or w.dtype is None:
+        return None
+    for one, other in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+        if scalar(one) != 1.0:
+            continue
+        array = constant_array(other)
+        if array is None and other is not None and other.producer() is not None:
+            cast = other.producer()
+            if cast.op_type == "Cast" and cast.domain in DEFAULT_DOMAINS:
+                array = constant_array(cast.inputs[0])
+        if array is None:
+            continue
+        dtype = w.dtype.numpy()
+        return np.add(array.astype(dtype), np.asarray(1, dtype=dtype))
+    return None
