@@ -52,7 +52,7 @@ def test_walkthrough_commands_run_in_order(tmp_path):
 
 
 def _python_section() -> str:
-    section = re.search(r"^### From Python\n(.+?)^#", TEXT, flags=re.S | re.M)
+    section = re.search(r"^### From Python\n(.+?)^## ", TEXT, flags=re.S | re.M)
     assert section, "README lost its From Python section"
     return section.group(1)
 

@@ -57,8 +57,9 @@ if [[ -f $emulated ]]; then
   fi
 fi
 tests=${SANITIZE_TESTS:-tests/test_kernel_cpu.py tests/test_kernel_skip.py tests/test_kernel_errors.py \
-tests/test_kernel_alignment.py tests/test_kernel_concurrency.py \
-tests/test_numerics_edge.py tests/test_conformance.py tests/test_cuda_emulated.py}
+tests/test_kernel_alignment.py tests/test_kernel_aliasing.py tests/test_kernel_concurrency.py \
+tests/test_numerics_edge.py tests/test_conformance.py tests/test_cuda_emulated.py \
+tests/test_cuda_emulated_skip.py tests/test_cuda_emulated_aliasing.py}
 work=$(mktemp -d "${TMPDIR:-/tmp}/rmsnorm_onnx_sanitize.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 log=$work/pytest.log

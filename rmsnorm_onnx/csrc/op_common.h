@@ -37,7 +37,7 @@ std::string ShapeString(const std::vector<int64_t>& shape);
 int64_t ElementCount(const std::vector<int64_t>& shape);
 
 struct Attributes {
-  float epsilon = 1e-6f;
+  float epsilon = 1e-6f;  // op_schema.DEFAULT_EPSILON (tests/test_kernel_cpu.py ties the two)
   int64_t axis = -1;
   bool eps_outside = false;
 };

@@ -24,6 +24,7 @@ import onnx_ir as ir
 from .. import op_schema
 from .algebra import (
     STATISTIC_OPS,
+    MeanSquare,
     Miss,
     Product,
     Reader,
@@ -85,94 +86,106 @@ def candidates(graph_nodes: Iterable[ir.Node], reader: Reader) -> list[ir.Node]:
     return found
 
 
+class _Not(Exception):
+    """A step of :func:`decide` found the value is not (or not yet) the norm."""
+
+    def __init__(self, reason: str | None = None, sureness: int = 0, scale: bool = False):
+        super().__init__(reason)
+        self.verdict = Verdict(reason=reason, sureness=sureness, scale_note=scale)
+
+
 def decide(value: ir.Value, read: Product | Miss, stat: ir.Node) -> Verdict:
     """Is ``value`` (read as ``read``) exactly an RMSNorm of the statistic ``stat``?"""
     if isinstance(read, Miss):
         return Verdict(reason=read.reason, sureness=_SURE)
+    try:
+        term, numerator, scale = _factors(read, stat)
+        ms = term.ms if isinstance(term, Shifted) else term
+        x = _input(value, read, numerator, ms)
+        if scale is not None:
+            _check_scale(scale, x, ms)
+    except _Not as e:
+        return e.verdict
+    outside = isinstance(term, Shifted) and term.outside
+    eps = term.eps if isinstance(term, Shifted) else 0.0
+    label = _label(read, eps, outside, numerator is not x or x.dtype != ms.x.dtype)
+    interior = [n for n in read.interior if n.graph is value.producer().graph]
+    return Verdict(Norm(value, x, scale, ms.axis, eps, outside, interior, label))
+
+
+def _factors(
+    read: Product, stat: ir.Node
+) -> tuple[MeanSquare | Shifted, ir.Value, ir.Value | None]:
+    """(the statistic, x as it multiplies, the scale) when ``read`` is coef · x · stat^p · w."""
     stats = read.statistic()
     if not stats:
-        return Verdict()
+        raise _Not()
     if len(stats) > 1:
-        return Verdict(reason="the value divides by two different statistics", sureness=_SHAPE)
+        raise _Not("the value divides by two different statistics", _SHAPE)
     term, e = stats[0]
     ms = term.ms if isinstance(term, Shifted) else term
     if ms.node is not stat:
-        return Verdict()  # another norm further on
-    outside = isinstance(term, Shifted) and term.outside
-    eps = term.eps if isinstance(term, Shifted) else 0.0
+        raise _Not()  # another norm further on
     x_root = root(ms.x)
-    leaves = read.leaves()
-    xs = [(v, p) for v, p in leaves if root(v) is x_root]
-    others = [(v, p) for v, p in leaves if root(v) is not x_root]
+    xs = [(v, p) for v, p in read.leaves() if root(v) is x_root]
+    others = [(v, p) for v, p in read.leaves() if root(v) is not x_root]
     if not xs:
         for v, p in others:
-            if p == 1 and v.shape is not None and ms.x.shape is not None and rank(v) == rank(ms.x):
-                return Verdict(
-                    reason=(
-                        f"the mean is over a different tensor ('{x_root.name}') than the one "
-                        f"normalized ('{root(v).name}')"
-                    ),
-                    sureness=_SURE,
+            if p == 1 and ms.x.shape is not None and v.shape is not None and rank(v) == rank(ms.x):
+                raise _Not(
+                    f"the mean is over a different tensor ('{x_root.name}') than the one "
+                    f"normalized ('{root(v).name}')",
+                    _SURE,
                 )
-        return Verdict()  # the chain has not reached x yet
+        raise _Not()  # the chain has not reached x yet
     if len(xs) > 1 or xs[0][1] != 1:
         p = sum(float(p) for _, p in xs)
-        return Verdict(
-            reason=f"x appears to the power {p:g} outside the mean, not 1", sureness=_SHAPE
-        )
-    wanted = Fraction(-1) if outside else Fraction(-1, 2)
+        raise _Not(f"x appears to the power {p:g} outside the mean, not 1", _SHAPE)
+    wanted = Fraction(-1) if isinstance(term, Shifted) and term.outside else Fraction(-1, 2)
     if e != wanted:
-        return Verdict(
-            reason=f"the statistic is raised to {_fraction(e)}, not {_fraction(wanted)}",
-            sureness=_SURE,
-        )
-    numerator = xs[0][0]
-    if any(p != 1 for _, p in others):
-        v, p = next((v, p) for v, p in others if p != 1)
-        return Verdict(reason=f"a factor '{v.name}' to the power {_fraction(p)}", sureness=_SHAPE)
+        raise _Not(f"the statistic is raised to {_fraction(e)}, not {_fraction(wanted)}", _SURE)
+    for v, p in others:
+        if p != 1:
+            raise _Not(f"a factor '{v.name}' to the power {_fraction(p)}", _SHAPE)
     if len(others) > 1:
         names = ", ".join(f"'{v.name}'" for v, _ in others)
-        return Verdict(reason=f"more than one factor besides x ({names})", sureness=_SHAPE)
+        raise _Not(f"more than one factor besides x ({names})", _SHAPE)
     if abs(read.coef - 1.0) > _COEF_TOLERANCE:
         why = f"the result is {read.coef:.6g} times an RMSNorm"
         if read.spelling.get("mean") == "ReduceSum":
             why = f"ReduceSum of a square is a sum, not a mean (no 1/n): {why}"
-        return Verdict(reason=why, sureness=_SURE)
+        raise _Not(why, _SURE)
+    return term, xs[0][0], others[0][0] if others else None
+
+
+def _input(value: ir.Value, read: Product, numerator: ir.Value, ms: MeanSquare) -> ir.Value:
+    """X: x in the result's type (under exact Casts), the chain's types and dims checked."""
     x = _input_of_type(numerator, value.dtype)
     if x is None:
-        return Verdict(
-            reason=f"the result's type ({_dtype(value)}) is not the type of x or of an exact "
-            "Cast of it",
-            sureness=_SHAPE,
-        )
+        why = f"the result's type ({_dtype(value)}) is not the type of x or of an exact Cast of it"
+        raise _Not(why, _SHAPE)
     if x.dtype not in FLOAT_TYPES:
-        return Verdict(
-            reason=f"the input is {_dtype(x)}, not float/float16/bfloat16", sureness=_SURE
-        )
+        raise _Not(f"the input is {_dtype(x)}, not float/float16/bfloat16", _SURE)
     if read.narrowest < precision(x.dtype):
-        return Verdict(
-            reason="a Cast inside the chain rounds below the input's precision", sureness=_SURE
-        )
+        raise _Not("a Cast inside the chain rounds below the input's precision", _SURE)
     n_axes = -ms.axis if ms.axis < 0 else None
     bound = rank(x) if rank(x) is not None else (n_axes or 0)
-    if read.const_ndim > bound:
-        why = (
-            "rank is unknown: broadcasting could add dims"
-            if rank(x) is None
-            else "has more dims than the input (it broadcasts)"
-        )
-        return Verdict(reason=f"a constant of the chain {why}", sureness=_SURE)
-    scale = others[0][0] if others else None
-    if scale is not None:
-        why = fits_normalized(scale, x, n_axes)
-        if why is None and scale.dtype not in (x.dtype, ir.DataType.FLOAT):
-            why = f"the scale is {_dtype(scale)}, X {_dtype(x)}"
-        if why is not None:  # a note where it looks like a scale: a weight, not an activation
-            weight = scale.const_value is not None or scale.producer() is None
-            return Verdict(reason=f"scale Mul: {why}", sureness=_SHAPE, scale_note=weight)
-    label = _label(read, eps, outside, numerator is not x or x.dtype != ms.x.dtype)
-    interior = [n for n in read.interior if n.graph is value.producer().graph]
-    return Verdict(Norm(value, x, scale, ms.axis, eps, outside, interior, label))
+    if read.const_ndim > bound:  # a constant of more dims than x broadcasts the result up
+        if rank(x) is None:
+            raise _Not(
+                "a constant of the chain: rank is unknown: broadcasting could add dims", _SURE
+            )
+        raise _Not("a constant of the chain has more dims than the input (it broadcasts)", _SURE)
+    return x
+
+
+def _check_scale(scale: ir.Value, x: ir.Value, ms: MeanSquare) -> None:
+    why = fits_normalized(scale, x, -ms.axis if ms.axis < 0 else None)
+    if why is None and scale.dtype not in (x.dtype, ir.DataType.FLOAT):
+        why = f"the scale is {_dtype(scale)}, X {_dtype(x)}"
+    if why is not None:  # a note where it looks like a scale: a weight, not an activation
+        weight = scale.const_value is not None or scale.producer() is None
+        raise _Not(f"scale Mul: {why}", _SHAPE, scale=weight)
 
 
 def _input_of_type(numerator: ir.Value, dtype: ir.DataType | None) -> ir.Value | None:
