@@ -32,7 +32,7 @@ import numpy as np
 
 from . import onnx_io, op_schema
 from .errors import InvalidModelError, RMSNormOnnxError, UsageError
-from .fusion import FuseReport, fuse_file, inline
+from .fusion import FuseReport, fuse_file, inline_weights
 from .fusion.external import external_files
 from .reference import tolerance
 from .runtime import _LIBRARY_NAMES, library_path
@@ -123,7 +123,7 @@ def _check_output(src: Path, dst: Path) -> Path:
 
 def _uses_our_ops(model_path: Path) -> bool:
     """Whether any node of the model (functions and subgraphs included) is one of our ops."""
-    model = inline.read(model_path).proto  # large inline weights not parsed
+    model = inline_weights.read(model_path).proto  # large inline weights not parsed
     return any(n.domain == op_schema.DOMAIN for g in onnx_io.all_graphs(model) for n in g.node)
 
 
@@ -240,7 +240,7 @@ def _read_by_others(src: Path, entries: list[_Entry], decoder: Path) -> set[Path
         if entry.kind != "file" or entry.rel.suffix != ".onnx" or entry.rel == decoder:
             continue
         try:
-            found = inline.read(src / entry.rel)
+            found = inline_weights.read(src / entry.rel)
             locations = external_files(found.proto, found)
         except RMSNormOnnxError:  # not a model we can read: nothing to keep for it
             continue
@@ -320,14 +320,14 @@ def fuse_folder(
     if not isinstance(options, dict):
         raise InvalidModelError(f"{src_dir / CONFIG}: model.decoder.session_options is no object")
     previous = _ours(options)
-    source = inline.read(model)  # large inline weights not parsed
+    source = inline_weights.read(model)  # large inline weights not parsed
     skip = {rel, Path(CONFIG)}
     if previous is not None:
         skip.add(Path(os.path.normpath(previous)))
     plan = _carry_plan(src_dir, rel, list(external_files(source.proto, source, where=model)), skip)
 
     onnx_io.remove_stale_temps(dst_dir.parent)  # folders of killed runs too
-    tmp = _new_folder_beside(dst_dir)
+    tmp = onnx_io.new_temp_beside(dst_dir, folder=True)
     try:
         carried = _carry_over(src_dir, tmp, plan)
         out_model = tmp / rel
@@ -381,8 +381,7 @@ def _decoder_feeds(sess: Any, model: dict[str, Any]) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     feeds = {}
     for arg in sess.get_inputs():
-        dtype = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}.get(arg.type, np.float32)
-        dtype = np.float16 if arg.type == "tensor(float16)" else dtype
+        dtype = onnx_io.ORT_TYPES.get(arg.type, np.dtype(np.float32))
         if arg.name == names.get("input_ids", "input_ids"):
             feeds[arg.name] = rng.integers(0, model.get("vocab_size", 2), (1, _PROMPT), dtype)
         elif arg.name == names.get("attention_mask", "attention_mask"):
@@ -399,40 +398,11 @@ def _decoder_feeds(sess: Any, model: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def _verify_decoder(original: Path, converted: Path, model: dict[str, Any]) -> None:
     """Both decoders in onnxruntime (CPU) on one prompt: every output must match."""
-    from .fusion.verify import MODEL_TOLERANCE_FACTOR
+    from .fusion.verify import check_outputs
     from .runtime import session
 
     before, after = session(original), session(converted)
     feeds = _decoder_feeds(after, model)
-    for meta, want, got in zip(
-        after.get_outputs(), before.run(None, feeds), after.run(None, feeds), strict=True
-    ):
-        if want.shape != got.shape:
-            raise RMSNormOnnxError(
-                f"verify failed: the decoder's output '{meta.name}' changed shape"
-            )
-        if not np.issubdtype(want.dtype, np.floating):
-            if not np.array_equal(want, got):
-                raise RMSNormOnnxError(f"verify failed: the decoder's output '{meta.name}' differs")
-            continue
-        rtol, atol = (t * MODEL_TOLERANCE_FACTOR for t in tolerance(want.dtype))
-        w64, g64 = want.astype(np.float64), got.astype(np.float64)
-        if not np.allclose(g64, w64, rtol=rtol, atol=atol):
-            raise RMSNormOnnxError(
-                f"verify failed: the decoder's output '{meta.name}' differs from the original's "
-                f"by up to {np.nanmax(np.abs(g64 - w64)):.3g} (rtol={rtol:g}, atol={atol:g})"
-            )
-
-
-def _new_folder_beside(dst: Path) -> Path:
-    """A new empty folder next to ``dst``, made with the usual mode (mkdtemp's is 0700)."""
-    for _ in range(100):
-        tmp = onnx_io.temp_path(dst)  # named as our temporary files are
-        try:
-            tmp.mkdir()
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise UsageError(f"{dst}: cannot write here ({e.strerror})") from None
-        return tmp
-    raise UsageError(f"{dst}: cannot create a temporary folder in {dst.parent}")
+    names = [meta.name for meta in after.get_outputs()]
+    expected, got = before.run(None, feeds), after.run(None, feeds)
+    check_outputs(names, expected, got, tolerance, what="the decoder's output")

@@ -12,12 +12,16 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import external_data_helper, helper
+from onnx import TensorProto, external_data_helper, helper
 
 from .errors import InvalidModelError, UsageError
 
 __all__ = [
+    "NUMPY_TYPES",
+    "ONNX_TYPES",
+    "ORT_TYPES",
     "all_graphs",
     "atomic_path",
     "check_external_data",
@@ -25,6 +29,7 @@ __all__ = [
     "external_reference",
     "hf_blobs",
     "load_model",
+    "new_temp_beside",
     "output_target",
     "remove_stale_temps",
     "save_model",
@@ -32,6 +37,24 @@ __all__ = [
     "set_ir_version",
     "temp_path",
 ]
+
+
+# The element types our tools make NumPy arrays of, as onnx's own table maps them (bfloat16 is
+# ml_dtypes', a dependency of onnx): ONNX number -> dtype, dtype name ("float32", "bfloat16")
+# -> ONNX number, and onnxruntime's type string ("tensor(float)") -> dtype.
+NUMPY_TYPES: dict[int, np.dtype] = {
+    t: np.dtype(helper.tensor_dtype_to_np_dtype(t))
+    for t in (
+        TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE,
+        TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
+        TensorProto.UINT64, TensorProto.UINT32, TensorProto.UINT16, TensorProto.UINT8,
+        TensorProto.BOOL,
+    )
+}  # fmt: skip
+ONNX_TYPES: dict[str, int] = {dtype.name: t for t, dtype in NUMPY_TYPES.items()}
+ORT_TYPES: dict[str, np.dtype] = {
+    f"tensor({TensorProto.DataType.Name(t).lower()})": dtype for t, dtype in NUMPY_TYPES.items()
+}
 
 
 def all_graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto | onnx.FunctionProto]:
@@ -177,7 +200,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     target = output_target(path)
     remove_stale_temps(target.parent)
-    tmp = _new_file_beside(target)
+    tmp = new_temp_beside(target)
     try:
         yield tmp
         os.replace(tmp, target)
@@ -185,20 +208,25 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def _new_file_beside(target: Path) -> Path:
-    """A new empty file next to ``target``, created 0666 less the umask like any saved file
-    (mkstemp's 0600 would make the model private; reading the umask means setting it, which
-    races with other threads)."""
+def new_temp_beside(target: Path, *, folder: bool = False) -> Path:
+    """A new empty file (or ``folder``) named by ``temp_path`` next to ``target``, made with the
+    usual mode: 0666 (0777) less the umask, like any saved file or ``mkdir`` (mkstemp's and
+    mkdtemp's private modes would make the result private; reading the umask means setting it,
+    which races with other threads)."""
     for _ in range(100):
         tmp = temp_path(target)
         try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            if folder:
+                tmp.mkdir()
+            else:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         except FileExistsError:
             continue
         except OSError as e:
             raise UsageError(f"{target}: cannot write here ({e.strerror})") from None
         return tmp
-    raise UsageError(f"{target}: cannot create a temporary file in {target.parent}")
+    what = "folder" if folder else "file"
+    raise UsageError(f"{target}: cannot create a temporary {what} in {target.parent}")
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:

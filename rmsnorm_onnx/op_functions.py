@@ -2,24 +2,22 @@
 / ``SkipRMSNorm`` carries their definition as model-local functions, in plain ops at the model's
 opset, and runs where our library is not registered.
 
-    op_functions.attach(model)   # in place: one FunctionProto per distinct variant of our ops
-    op_functions.remove(model)   # in place: drop them (ModelProto or onnx_ir.Model)
+    op_functions.attach(model)   # in place: the bodies its nodes need, replacing any it had
+    op_functions.remove(model)   # in place: drop them (an onnx.ModelProto or an onnx_ir.Model)
 
 onnxruntime (1.21 and 1.31, checked by profiling) runs our kernel for a node whose library is
 registered and inlines the body otherwise; onnx's ``ReferenceEvaluator`` runs the body.
 
-A body computes what the kernels compute: X (for SkipRMSNorm S = X + skip in X's type, the output
-S) in float32, divided by the root of mean(X²) + epsilon (or by root + epsilon), times scale, plus
-bias, all in float32, cast back to X's type once. ``Div`` rather than ``Reciprocal`` + ``Mul``:
-onnxruntime's optimizer fuses the Div spelling of the inlined body into its
-SimplifiedLayerNormalization kernel (float32, and float16 through the Casts), not the other.
+A body computes what the kernels compute: X (for SkipRMSNorm S = X + skip rounded to X's type,
+the output S) in float32, divided by the root of mean(X²) + epsilon (or by the root + epsilon),
+times scale, plus bias, all in float32, cast back to X's type once. ``Div``, not ``Reciprocal`` +
+``Mul``: onnxruntime's optimizer fuses the inlined Div spelling into its
+SimplifiedLayerNormalization kernel (float32, and float16 through the Casts; 1.21 and 1.31).
 
-One body serves every epsilon (an attribute reference) and every float type (CastLike, opset 15
-on). A variant gets a body of its own where the ops differ: which optional inputs the node passes,
-epsilon added to the root, a first normalized axis other than -1 (rows formed by
-``Flatten(axis=@axis)``), and below opset 15 X's type (Cast needs a constant ``to``). Several
-bodies of one op are IR 10 overloads; the most used has no overload name, so a model whose nodes
-of one op share a variant (the usual case) needs none and keeps its IR version.
+Attributes are references: one body serves every epsilon, and nodes of one op that differ in
+eps_outside or axis share a body that reads them (the fast body, last axis and epsilon inside,
+where all agree). Every float type shares a body through CastLike (opset 15 on; below, a body per
+X type). Only nodes passing other optional inputs need another body: an IR 10 overload.
 """
 
 from __future__ import annotations
@@ -241,7 +239,15 @@ def _remove_ir(model: Any) -> int:
         for node in container.all_nodes():
             if node.domain == op_schema.DOMAIN and node.op_type in op_schema.OP_TYPES:
                 node.overload = ""
+                # the S that attach named '' to fit a body: gone, or a pass would name it and
+                # our kernel would write it
+                while len(node.outputs) > 1 and _unnamed_and_unread(node.outputs[-1]):
+                    node.resize_outputs(len(node.outputs) - 1)
     return len(ours)
+
+
+def _unnamed_and_unread(value: Any) -> bool:
+    return not value.name and not value.uses() and not value.is_graph_output()
 
 
 def has_bodies(model: onnx.ModelProto) -> bool:

@@ -27,6 +27,13 @@ VERSION = 1
 DEFAULT_EPSILON = 1e-6
 DEFAULT_AXIS = -1
 
+# Other tools' RMSNorm ops: the fusion raises them to ours and can lower ours to them.
+MS_DOMAIN = "com.microsoft"  # onnxruntime's contrib ops
+ORT_NORM = "SimplifiedLayerNormalization"  # onnxruntime's, registered in the default domain
+ORT_SKIP_NORM = "SkipSimplifiedLayerNormalization"  # onnxruntime's, in MS_DOMAIN
+ONNX_NORM = "RMSNormalization"  # ONNX's, opset 23
+NORM_OPS = (*OP_TYPES, ONNX_NORM, ORT_NORM, ORT_SKIP_NORM)  # each computes a whole RMSNorm
+
 _FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 
 

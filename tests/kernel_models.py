@@ -15,16 +15,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from rmsnorm_onnx import op_schema, reference
+from rmsnorm_onnx.onnx_io import NUMPY_TYPES, ONNX_TYPES
 from rmsnorm_onnx.runtime import session
 
 DTYPES = ("float32", "float16", "bfloat16")
-ONNX_TYPES = {
-    "float32": TensorProto.FLOAT,
-    "float16": TensorProto.FLOAT16,
-    "bfloat16": TensorProto.BFLOAT16,
-    "float64": TensorProto.DOUBLE,
-    "int32": TensorProto.INT32,
-}
 ORT_ERRORS: tuple[type[Exception], ...]
 try:
     from onnxruntime.capi import onnxruntime_pybind11_state as _state
@@ -56,7 +50,7 @@ def cpu_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 
 def np_dtype(name: str) -> np.dtype:
-    return np.dtype(reference.bfloat16) if name == "bfloat16" else np.dtype(name)
+    return NUMPY_TYPES[ONNX_TYPES[name]]
 
 
 def quantize(a: np.ndarray, dtype: str) -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import pytest
 
-from rmsnorm_onnx import onnx_io
+from rmsnorm_onnx import onnx_io, op_schema
 from rmsnorm_onnx.fusion import FuseReport, fuse, fuse_file
 from rmsnorm_onnx.fusion.verify import MODEL_TOLERANCE_FACTOR
 from rmsnorm_onnx.reference import tolerance
@@ -29,8 +29,8 @@ CORPUS_ENV = "RMSNORM_ONNX_EXPORTER_CORPUS"
 REQUIRE_ENV = "RMSNORM_ONNX_REQUIRE_EXPORTERS"
 # the norm ops each target writes: (plain norm, norm with its residual Add)
 NORM_OPS = {
-    "custom": ("RMSNorm", "SkipRMSNorm"),
-    "contrib": ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"),
+    "custom": (op_schema.OP_TYPE, op_schema.SKIP_OP_TYPE),
+    "contrib": (op_schema.ORT_NORM, op_schema.ORT_SKIP_NORM),
 }
 
 

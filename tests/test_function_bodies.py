@@ -22,12 +22,7 @@ from onnx.reference import ReferenceEvaluator
 from rmsnorm_onnx import onnx_io, op_functions, op_schema, reference
 from rmsnorm_onnx.runtime import session
 
-ONNX_TYPES = {
-    "float32": TensorProto.FLOAT,
-    "float16": TensorProto.FLOAT16,
-    "bfloat16": TensorProto.BFLOAT16,
-}
-DTYPES = tuple(ONNX_TYPES)
+DTYPES = ("float32", "float16", "bfloat16")
 # which optional inputs, and their dtype ("x": X's)
 PARAMS = {
     "plain": (False, False, "x"),
@@ -45,7 +40,7 @@ BODY_BYTES = 2048  # "a few KB at most" per body; measured 0.5-0.9 KB
 
 def _io_type(dtype: str) -> int:
     # bfloat16 enters and leaves through Casts: NumPy cannot feed it to onnxruntime
-    return TensorProto.FLOAT if dtype == "bfloat16" else ONNX_TYPES[dtype]
+    return TensorProto.FLOAT if dtype == "bfloat16" else onnx_io.ONNX_TYPES[dtype]
 
 
 def one_node_model(

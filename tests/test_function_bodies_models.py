@@ -95,6 +95,20 @@ def test_files_fused_before_gain_bodies_and_other_targets_drop_them(decomposed) 
             assert sum(report.converted.values()) == 1, target
 
 
+def test_a_skip_node_without_s_stays_without_it_through_the_pass() -> None:
+    """attach names a missing S '' where the op's body declares S; fused again, that output
+    must not be named (our kernel would then write it) and goes where no body needs it."""
+    from test_function_bodies import _chain_model
+
+    model = _chain_model([{"op": "SkipRMSNorm", "sum": True}, {"op": "SkipRMSNorm"}])
+    op_functions.attach(model)
+    assert [list(n.output) for n in model.graph.node] == [["y0", "s0"], ["y1", ""]]
+    again, _ = fuse(model, target="custom")
+    assert [list(n.output) for n in again.graph.node] == [["y0", "s0"], ["y1", ""]]
+    bare, _ = fuse(again, target="custom", function_bodies=False)
+    assert [list(n.output) for n in bare.graph.node] == [["y0", "s0"], ["y1"]]
+
+
 def test_a_user_function_survives_beside_our_bodies() -> None:
     from onnx import TensorProto, helper
 
@@ -221,6 +235,16 @@ def test_export_can_leave_the_bodies_out() -> None:
     (y,) = plain_session(with_bodies).run(None, {with_bodies.graph.input[0].name: x.numpy()})
     want = reference.rms_norm(x.numpy(), layer.weight.detach().numpy(), epsilon=1e-5)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_export_cli_can_leave_the_bodies_out(tmp_path) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "seeds.fused.onnx"
+    proc = run_cli("export", "--model", "seeds", "--rmsnorm", "fused", "-o", out,
+                   "--no-function-bodies", timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    model = onnx.load(out)
+    assert [n.op_type for n in model.graph.node] == ["RMSNorm"] and not model.functions
 
 
 def test_genai_folder_runs_without_our_library(tmp_path, fused_library) -> None:

@@ -255,7 +255,8 @@ def _saved(layout: str, folder: Path, ir_version: int) -> Path:
     folder.mkdir()
     path = folder / "model.onnx"
     if layout.startswith("inline"):
-        hidden = 64 if layout == "inline-large" else 8  # raw_data over/under inline.THRESHOLD
+        # raw_data over/under inline_weights.THRESHOLD
+        hidden = 64 if layout == "inline-large" else 8
         model = mlp_stack_model(2, hidden, 4 * hidden)
         model.ir_version = ir_version
         path.write_bytes(model.SerializeToString())

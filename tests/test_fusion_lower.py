@@ -19,8 +19,9 @@ from onnx.reference import ReferenceEvaluator
 
 from rmsnorm_onnx import onnx_io, op_schema
 from rmsnorm_onnx.fusion import canonical, targets
-from rmsnorm_onnx.fusion.lower import LOWERINGS, MS_DOMAIN, lower
+from rmsnorm_onnx.fusion.lower import LOWERINGS, lower
 from rmsnorm_onnx.fusion.report import FuseReport
+from rmsnorm_onnx.op_schema import MS_DOMAIN
 from rmsnorm_onnx.reference import bfloat16, rms_norm, skip_rms_norm, tolerance
 
 F16 = np.float16

@@ -15,11 +15,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from rmsnorm_onnx import op_schema  # noqa: E402
 from rmsnorm_onnx.fusion import fuse  # noqa: E402
 from rmsnorm_onnx.runtime import session  # noqa: E402
 
-NORM_OPS = {"RMSNorm", "SkipRMSNorm", "SimplifiedLayerNormalization",
-            "SkipSimplifiedLayerNormalization"}  # fmt: skip
+NORM_OPS = {*op_schema.OP_TYPES, op_schema.ORT_NORM, op_schema.ORT_SKIP_NORM}
 
 
 def _config(family: str):

@@ -121,7 +121,7 @@ def _skip_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return found + [n for n in model.graph.node if n.op_type in (op_schema.SKIP_OP_TYPE, SKIP_SLN)]
 
 
-SKIP_SLN = "SkipSimplifiedLayerNormalization"
+SKIP_SLN = op_schema.ORT_SKIP_NORM
 
 
 @pytest.mark.parametrize("minus_one", [True, False], ids=["reshape-minus-one", "reshape-dims"])

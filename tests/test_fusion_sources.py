@@ -16,11 +16,7 @@ from rmsnorm_onnx.reference import rms_norm, skip_rms_norm, tolerance
 
 F16, F32 = TensorProto.FLOAT16, TensorProto.FLOAT
 SHAPE = [2, 3, 16]
-SLN, SKIP_SLN, RMSN = (
-    "SimplifiedLayerNormalization",
-    "SkipSimplifiedLayerNormalization",
-    "RMSNormalization",
-)
+SLN, SKIP_SLN, RMSN = op_schema.ORT_NORM, op_schema.ORT_SKIP_NORM, op_schema.ONNX_NORM
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=18, ms=False) -> onnx.ModelProto:
@@ -67,7 +63,9 @@ def skip_model(elem: int, outputs=("y",), skip_shape=SHAPE, bias=False, **attrs)
     last = max(names.index(o) for o in outputs)
     node_outs = [n if n in outputs else "" for n in names[: last + 1]]
     inputs = ["x", "skip", "w"] + (["b"] if bias else [])
-    node = helper.make_node(SKIP_SLN, inputs, node_outs, name="skipnorm", domain="com.microsoft")
+    node = helper.make_node(
+        SKIP_SLN, inputs, node_outs, name="skipnorm", domain=op_schema.MS_DOMAIN
+    )
     node.attribute.extend(helper.make_attribute(k, v) for k, v in attrs.items())
     inits = [_scale(elem)]
     if bias:

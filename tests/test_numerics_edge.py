@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from fusion_graphs import Variant
 from fusion_graphs import build as build_decomposed
-from kernel_models import make_model, quantize
+from kernel_models import make_model, np_dtype, quantize
 from kernel_models import run as run_kernel
 
 from rmsnorm_onnx import reference
@@ -116,10 +116,6 @@ RESCUES_LARGE_ROWS = {"cpu", "fused"} | ({"cuda_emulated"} if CUDA_RESCUES_LARGE
 KERNEL_DTYPES = ("float32", "float16", "bfloat16")
 
 
-def _np_dtype(name: str) -> np.dtype:
-    return np.dtype(reference.bfloat16) if name == "bfloat16" else np.dtype(name)
-
-
 def _applies(case: str, dtype: str) -> bool:
     """Cases about one dtype's range run only where the values are in that dtype's range."""
     if case.startswith("fp16-"):
@@ -178,7 +174,7 @@ def assert_like_reference(got: np.ndarray, want: np.ndarray, dtype: str, case: C
     if case.rtol_only:
         atol = 0.0
         # the output rounds to the dtype: values below its smallest normal keep fewer bits
-        tiny = float(np.finfo(_np_dtype(dtype)).smallest_normal)
+        tiny = float(np.finfo(np_dtype(dtype)).smallest_normal)
         atol = tiny * rtol
     np.testing.assert_allclose(got[finite], want[finite], rtol=rtol, atol=atol)
 

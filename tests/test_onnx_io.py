@@ -34,6 +34,18 @@ def test_saved_file_has_the_mode_the_umask_gives(tmp_path: Path, umask, mask: in
     assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
 
 
+@posix_only
+@pytest.mark.parametrize(("mask", "mode"), [(0o022, 0o755), (0o077, 0o700)])
+def test_a_temporary_folder_has_the_mode_the_umask_gives(
+    tmp_path: Path, umask, mask: int, mode: int
+) -> None:
+    umask(mask)
+    folder = onnx_io.new_temp_beside(tmp_path / "out", folder=True)
+    assert folder.is_dir() and folder.parent == tmp_path
+    assert folder.stat().st_mode & 0o777 == mode
+    assert folder.name.startswith(f".out.{onnx_io.TEMP_TAG}-") and folder.suffix == ".tmp"
+
+
 def test_atomic_path_never_sets_the_umask(tmp_path: Path, monkeypatch):
     # the umask can only be read by setting it, process-wide: other threads creating files
     # meanwhile would make them world-writable

@@ -95,10 +95,14 @@ def _with_bodies(model: onnx.ModelProto) -> onnx.ModelProto:
     return onnx_io.set_ir_version(copy)
 
 
+THREADS = 0  # onnxruntime's intra-op threads (0: its choice); set by --threads
+
+
 def _session(model: onnx.ModelProto, library: bool, profile: Path | None = None):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
     if profile is not None:
         options.enable_profiling = True
         options.profile_file_prefix = str(profile)
@@ -154,9 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8, help="tiny-llama batch")
     p.add_argument("--seq", type=int, default=256, help="tiny-llama sequence length")
     p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: onnxruntime's)")
     args = p.parse_args(argv)
 
-    print(describe_machine()["summary"])
+    global THREADS
+    THREADS = args.threads
+    print(describe_machine(threads=args.threads or None)["summary"])
     rng = np.random.default_rng(0)
     fused = _one_norm(args.rows, args.cols, args.dtype, fused=True)
     files = {

@@ -44,6 +44,8 @@ from onnx import helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a source checkout
 
+from rmsnorm_onnx.op_schema import NORM_OPS  # noqa: E402  (after making the repo importable)
+
 FORMS = ("ours", "ours-bare", "contrib", "standard", "decomposed")
 # name -> (worker kind, interpreter option or None for this one, our library/extension used)
 RUNTIMES = {
@@ -60,13 +62,6 @@ _LABELS = {  # worker kind -> (name, what "with ours" adds)
     "reference": ("onnx ReferenceEvaluator", ""),
     "openvino": ("OpenVINO CPU", " + our extension"),
 }
-NORM_OPS = (
-    "RMSNorm",
-    "SkipRMSNorm",
-    "SimplifiedLayerNormalization",
-    "SkipSimplifiedLayerNormalization",
-    "RMSNormalization",
-)
 EPS = 1e-6
 _SMALL_GRAPH = 12  # nodes: up to this, ORT's optimized graph is listed whole
 RTOL = ATOL = 1e-5  # float32 (reference.TOLERANCES); a whole network is held to the same

@@ -72,10 +72,10 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .. import reference, runtime
+    from ..compare import compare_arrays
     from ..fusion import fuse_file
     from ..onnx_io import load_model
     from . import ort_run
-    from .compare import compare_arrays
     from .describe import op_summary
     from .export import export_model
     from .progress import Progress

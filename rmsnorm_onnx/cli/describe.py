@@ -6,16 +6,11 @@ from collections import Counter
 
 import onnx
 
+from .. import op_schema
 from .inputs import input_specs
 
 # Ops that compute a whole RMSNorm: named first in summaries, however many other ops there are.
-NORM_OPS = (
-    "RMSNorm",
-    "SkipRMSNorm",
-    "RMSNormalization",
-    "SimplifiedLayerNormalization",
-    "SkipSimplifiedLayerNormalization",
-)
+NORM_OPS = op_schema.NORM_OPS
 
 
 def op_summary(model: onnx.ModelProto, most: int = 6) -> str:

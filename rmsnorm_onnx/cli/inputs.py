@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from ..errors import InvalidModelError, UsageError
+from ..onnx_io import NUMPY_TYPES
 
 T = TypeVar("T")
 
@@ -27,21 +28,6 @@ DEFAULT_DIM = 4
 DEFAULT_INT_HIGH = 10
 _MAX_DIM = 2**62  # NumPy's limit on an array's element count (and ORT's on a dim)
 
-_NP_TYPES: dict[int, np.dtype] = {
-    onnx.TensorProto.FLOAT: np.dtype(np.float32),
-    onnx.TensorProto.FLOAT16: np.dtype(np.float16),
-    onnx.TensorProto.BFLOAT16: np.dtype(ml_dtypes.bfloat16),
-    onnx.TensorProto.DOUBLE: np.dtype(np.float64),
-    onnx.TensorProto.INT64: np.dtype(np.int64),
-    onnx.TensorProto.INT32: np.dtype(np.int32),
-    onnx.TensorProto.INT16: np.dtype(np.int16),
-    onnx.TensorProto.INT8: np.dtype(np.int8),
-    onnx.TensorProto.UINT64: np.dtype(np.uint64),
-    onnx.TensorProto.UINT32: np.dtype(np.uint32),
-    onnx.TensorProto.UINT16: np.dtype(np.uint16),
-    onnx.TensorProto.UINT8: np.dtype(np.uint8),
-    onnx.TensorProto.BOOL: np.dtype(np.bool_),
-}
 
 Dim = int | str | None  # a fixed size, a symbolic name, or unknown
 
@@ -56,7 +42,7 @@ class InputSpec:
 
     @property
     def dtype(self) -> np.dtype:
-        return _NP_TYPES[self.elem_type]
+        return NUMPY_TYPES[self.elem_type]
 
     @property
     def type_name(self) -> str:
@@ -71,7 +57,7 @@ class InputSpec:
 
 
 def type_name(dtype: np.dtype) -> str:
-    return "bfloat16" if dtype == np.dtype(ml_dtypes.bfloat16) else np.dtype(dtype).name
+    return np.dtype(dtype).name  # "bfloat16" for ml_dtypes' too
 
 
 def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
@@ -85,7 +71,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
         if kind != "tensor_type":
             raise InvalidModelError(f"input {value.name!r} is a {kind}; only tensors are supported")
         tensor = value.type.tensor_type
-        if tensor.elem_type not in _NP_TYPES:
+        if tensor.elem_type not in NUMPY_TYPES:
             name = onnx.TensorProto.DataType.Name(tensor.elem_type)
             raise InvalidModelError(f"input {value.name!r} has type {name}, which is not supported")
         shape = None

@@ -63,7 +63,7 @@ def serve(model: str | Path, host: str = "127.0.0.1", port: int = 0) -> tuple[st
         raise InvalidModelError(f"{path}: {what}")
     if path.stat().st_size == 0:
         raise InvalidModelError(f"{path}: empty file, not a model")
-    from ..fusion.inline import read
+    from ..fusion.inline_weights import read
 
     read(path)  # text, garbage, truncated: the usual one-line error; large weights not parsed
     # Netron announces itself through the logging module; the CLI prints the URL itself.

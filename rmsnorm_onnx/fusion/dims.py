@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 import onnx_ir as ir
 
+from ..op_schema import DOMAIN, MS_DOMAIN, OP_TYPE, ORT_SKIP_NORM, SKIP_OP_TYPE
 from . import values
 
 _MAX_DEPTH = 96  # producer steps followed from one dim; beyond, what is known so far
@@ -39,13 +40,13 @@ _SAME_SHAPE = {
     )
 }  # fmt: skip
 _SAME_SHAPE |= {
-    ("rmsnorm_onnx", "RMSNorm"): {0: 0},
-    ("rmsnorm_onnx", "SkipRMSNorm"): {0: 0, 1: 0},
-    ("com.microsoft", "SkipSimplifiedLayerNormalization"): {0: 0, 3: 0},
-    ("com.microsoft", "SkipLayerNormalization"): {0: 0, 3: 0},
-    ("com.microsoft", "FastGelu"): {0: 0},
-    ("com.microsoft", "BiasGelu"): {0: 0},
-    ("com.microsoft", "QuickGelu"): {0: 0},
+    (DOMAIN, OP_TYPE): {0: 0},
+    (DOMAIN, SKIP_OP_TYPE): {0: 0, 1: 0},
+    (MS_DOMAIN, ORT_SKIP_NORM): {0: 0, 3: 0},
+    (MS_DOMAIN, "SkipLayerNormalization"): {0: 0, 3: 0},
+    (MS_DOMAIN, "FastGelu"): {0: 0},
+    (MS_DOMAIN, "BiasGelu"): {0: 0},
+    (MS_DOMAIN, "QuickGelu"): {0: 0},
 }
 _BROADCAST = frozenset(
     {

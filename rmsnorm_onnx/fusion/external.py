@@ -24,7 +24,8 @@ from onnx import external_data_helper
 
 from .. import onnx_io
 from ..errors import InvalidModelError, UsageError
-from . import inline, preserve
+from . import inline_weights, preserve
+from .inline_weights import WeightsInFile
 
 
 def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
@@ -32,7 +33,7 @@ def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
 
 
 def external_files(
-    model: onnx.ModelProto, split: inline.Split | None = None, *, where: object = "model"
+    model: onnx.ModelProto, split: WeightsInFile | None = None, *, where: object = "model"
 ) -> dict[str, int]:
     """location -> bytes the tensors need from it (max offset + length); tensors that ``split``
     left inside the .onnx file are not counted. A malformed reference (an offset that is not a
@@ -66,7 +67,7 @@ def _data_names(dst: Path, count: int) -> list[Path]:
 
 
 def check_output(
-    model: onnx.ModelProto, src: Path, dst: Path, *, in_place: bool, split: inline.Split | None
+    model: onnx.ModelProto, src: Path, dst: Path, *, in_place: bool, split: WeightsInFile | None
 ) -> None:
     """Refuse an OUT that would overwrite IN or any file IN depends on: OUT itself, and the
     ``OUT.data*`` files its weights would be placed in (symlinks and hard links included)."""
@@ -127,7 +128,7 @@ def write(
     dst: Path,
     *,
     weights: str = "auto",
-    split: inline.Split | None = None,
+    split: WeightsInFile | None = None,
 ) -> dict[Path, str]:
     """Write ``model`` to ``dst`` atomically, its external data files placed beside it.
 
@@ -160,7 +161,7 @@ def write(
             # as fuse() returns it: the input's version, unless onnxruntime cannot read that
             model.ir_version = preserve.ir_version(model.ir_version, model)
             if split is not None and split.ranges:
-                inline.save(model, split, tmp_model)
+                inline_weights.save(model, split, tmp_model)
             else:
                 onnx.save_model(model, tmp_model)
             for tmp, final in staged:
@@ -172,7 +173,7 @@ def write(
     return placed
 
 
-def _relocate(model: onnx.ModelProto, renamed: dict[str, str], split: inline.Split | None) -> None:
+def _relocate(model: onnx.ModelProto, renamed: dict[str, str], split: WeightsInFile | None) -> None:
     for tensor in _tensors(model):
         if split is not None and split.range_of(tensor) is not None:
             continue  # written inline again

@@ -17,6 +17,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx import defs
 
+from .. import op_schema
 from .targets import STANDARD_OPSET
 from .values import DEFAULT_DOMAINS, default_domain_version
 
@@ -151,7 +152,7 @@ def blockers(model: ir.Model) -> list[str]:
         for node in _nodes(container):
             if node.domain not in DEFAULT_DOMAINS:
                 continue
-            if node.op_type in ("SimplifiedLayerNormalization", "RMSNormalization"):
+            if node.op_type in (op_schema.ORT_NORM, op_schema.ONNX_NORM):
                 continue
             upgrade = _UPGRADES.get(node.op_type)
             if upgrade is not None and opset < upgrade[0]:

@@ -1,4 +1,4 @@
-"""Raising the RMSNorm ops other tools write to our canonical ops (issue 12).
+"""Raising the RMSNorm ops other tools write to our canonical ops.
 
     RMSNormalization(X, scale)                     ONNX, opset 23     -> RMSNorm(X, scale)
     SimplifiedLayerNormalization(X, scale)         ORT, default domain -> RMSNorm(X, scale)
@@ -18,16 +18,15 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from .. import op_schema
+from ..op_schema import MS_DOMAIN, ORT_SKIP_NORM
 from .canonical import SOURCE_TAG, is_canonical
 from .patterns import emit
 from .values import FLOAT_TYPES, default_opset, fits_normalized
 
-MS_DOMAIN = "com.microsoft"
-SKIP_SLN = "SkipSimplifiedLayerNormalization"
 # op type -> (domain, default epsilon)
-NORMS = {"RMSNormalization": ("", 1e-5), "SimplifiedLayerNormalization": ("", 1e-5)}
+NORMS = {op_schema.ONNX_NORM: ("", 1e-5), op_schema.ORT_NORM: ("", 1e-5)}
 SKIP_EPSILON = 1e-12
-SOURCE_OPS = {("", name) for name in NORMS} | {(MS_DOMAIN, SKIP_SLN)}
+SOURCE_OPS = {("", name) for name in NORMS} | {(MS_DOMAIN, ORT_SKIP_NORM)}
 
 
 class StandardNorm(pattern.RewriteRuleClassBase):
@@ -88,7 +87,7 @@ class SkipSimplified(pattern.RewriteRuleClassBase):
     """
 
     def __init__(self, keep_sum: bool) -> None:
-        super().__init__(name=SKIP_SLN + (" (sum read)" if keep_sum else ""))
+        super().__init__(name=ORT_SKIP_NORM + (" (sum read)" if keep_sum else ""))
         self.keep_sum = keep_sum
         self._scale = Scale()
 
@@ -104,20 +103,20 @@ class SkipSimplified(pattern.RewriteRuleClassBase):
         node = y.producer()
         for stat in node.outputs[1:3]:  # mean, inv_std_var: ours does not compute them
             if stat.uses() or stat.is_graph_output():
-                return result.fail(f"output '{stat.name}' of {SKIP_SLN} '{node.name}' is read")
+                return result.fail(f"output '{stat.name}' of {ORT_SKIP_NORM} '{node.name}' is read")
         if self.keep_sum and len(node.outputs) < 4:  # onnxscript 0.7 lets the binding pass
-            return result.fail(f"{SKIP_SLN} without its sum output")
+            return result.fail(f"{ORT_SKIP_NORM} without its sum output")
         if len(node.inputs) > 3 and node.inputs[3] is not None:
             return result.fail(
-                f"{SKIP_SLN} with a pre-norm bias: SkipRMSNorm has none, and adding it apart "
+                f"{ORT_SKIP_NORM} with a pre-norm bias: SkipRMSNorm has none, and adding it apart "
                 "would round the sum twice",
                 node.inputs[3],
             )
         if x.dtype not in FLOAT_TYPES:
-            return result.fail(f"{SKIP_SLN}: the input's element type is unknown", x)
+            return result.fail(f"{ORT_SKIP_NORM}: the input's element type is unknown", x)
         misfit = self._scale.check(context, gamma, x, -1)
         if misfit is not None:
-            return result.fail(f"{SKIP_SLN}: {misfit}", gamma)
+            return result.fail(f"{ORT_SKIP_NORM}: {misfit}", gamma)
         return result
 
     def rewrite(self, op, x, skip, gamma, y, **_):
@@ -125,7 +124,7 @@ class SkipSimplified(pattern.RewriteRuleClassBase):
         attrs = {"epsilon": eps, "axis": -1}
         n = 2 if self.keep_sum else 1
         gamma = self._scale.squeezed(op, gamma)
-        return emit(op, [x, skip, gamma], attrs, None, SKIP_SLN, op_schema.SKIP_OP_TYPE, n)
+        return emit(op, [x, skip, gamma], attrs, None, ORT_SKIP_NORM, op_schema.SKIP_OP_TYPE, n)
 
 
 class Scale:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import onnx
 from onnx import external_data_helper
 
 from .. import onnx_io, op_schema
+from ..compare import compare_arrays
 from ..errors import RMSNormOnnxError
 from ..reference import tolerance
 
@@ -22,14 +23,7 @@ from ..reference import tolerance
 MODEL_TOLERANCE_FACTOR = 10.0
 
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
-_NUMPY = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(bool)": np.bool_,
-}
+_BFLOAT16 = onnx_io.NUMPY_TYPES[onnx.TensorProto.BFLOAT16]
 
 
 def _data_folder(model: onnx.ModelProto, base_dir: Path) -> tuple[onnx.ModelProto, Path]:
@@ -148,8 +142,8 @@ def random_inputs(
     feeds = {}
     for arg in args:
         shape = [d if isinstance(d, int) and d >= 0 else sizes[str(d)] for d in arg.shape]
-        dtype = _NUMPY.get(arg.type)
-        if dtype is None:
+        dtype = onnx_io.ORT_TYPES.get(arg.type)
+        if dtype is None or dtype == _BFLOAT16:  # onnxruntime's binding takes no bfloat16 array
             raise RMSNormOnnxError(f"verify: cannot make random input '{arg.name}' of {arg.type}")
         if dtype == np.bool_:
             feeds[arg.name] = rng.random(shape) < 0.5
@@ -162,7 +156,9 @@ def random_inputs(
     return feeds
 
 
-_HALF = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+_HALF = {
+    t: onnx_io.NUMPY_TYPES[t].name for t in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+}
 
 
 def _working_type(model: onnx.ModelProto, output: np.dtype) -> str:
@@ -205,22 +201,40 @@ def _compare(
     feeds = random_inputs(new_sess, known=known)
     expected = _run(ref_sess, feeds, "the original")
     got = _run(new_sess, feeds, "the fused model")
-    for meta, want, have in zip(new_sess.get_outputs(), expected, got, strict=True):
+    names = [meta.name for meta in new_sess.get_outputs()]
+    check_outputs(names, expected, got, lambda dtype: tolerance(_working_type(original, dtype)))
+
+
+def check_outputs(
+    names: Sequence[str],
+    expected: Sequence[Any],
+    got: Sequence[Any],
+    tolerance_of: Callable[[np.dtype], tuple[float, float]],
+    what: str = "output",
+) -> None:
+    """Raise RMSNormOnnxError naming the first of ``got`` that does not match the original's
+    ``expected``: the same shape; integers and booleans equal; floats within ``tolerance_of(the
+    output's dtype)`` (rtol, atol) widened by ``MODEL_TOLERANCE_FACTOR``, NaN and infinities as
+    :mod:`rmsnorm_onnx.compare` rules (NaN only where the original has NaN)."""
+    for name, want, have in zip(names, expected, got, strict=True):
         want, have = np.asarray(want), np.asarray(have)
         if want.shape != have.shape:
             raise RMSNormOnnxError(
-                f"verify failed: output '{meta.name}' has shape {have.shape}, expected {want.shape}"
+                f"verify failed: {what} '{name}' has shape {have.shape}, expected {want.shape}"
             )
         if not np.issubdtype(want.dtype, np.floating):
             if not np.array_equal(want, have):
-                raise RMSNormOnnxError(f"verify failed: output '{meta.name}' differs")
+                raise RMSNormOnnxError(f"verify failed: {what} '{name}' differs")
             continue
-        rtol, atol = tolerance(_working_type(original, want.dtype))
-        rtol, atol = rtol * MODEL_TOLERANCE_FACTOR, atol * MODEL_TOLERANCE_FACTOR
-        w64, h64 = want.astype(np.float64), have.astype(np.float64)
-        if not np.allclose(h64, w64, rtol=rtol, atol=atol, equal_nan=True):
-            err = np.nanmax(np.abs(h64 - w64))
+        rtol, atol = (t * MODEL_TOLERANCE_FACTOR for t in tolerance_of(want.dtype))
+        diff = compare_arrays(have, want, atol=atol, rtol=rtol)
+        if diff.nan_mismatch:
             raise RMSNormOnnxError(
-                f"verify failed: output '{meta.name}' differs from the original by up to "
-                f"{err:.3g} (rtol={rtol:g}, atol={atol:g})"
+                f"verify failed: {what} '{name}' is NaN in {diff.nan_mismatch} place(s) where "
+                "the original's is not, or the other way round"
+            )
+        if not diff.ok:
+            raise RMSNormOnnxError(
+                f"verify failed: {what} '{name}' differs from the original by up to "
+                f"{diff.max_abs:.3g} (rtol={rtol:g}, atol={atol:g})"
             )

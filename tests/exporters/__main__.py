@@ -1,6 +1,7 @@
-"""Write every entry of the chosen generator modules into OUT_DIR (fixed seeds). Each module
-runs in a process of its own: Keras picks its backend at import, and TensorFlow, JAX, Paddle
-and torch are best not loaded side by side."""
+"""Write every entry of the chosen generator modules into OUT_DIR. Each module runs in a
+process of its own: Keras picks its backend at import, TensorFlow, JAX, Paddle and torch are
+best not loaded side by side, and a fixed PYTHONHASHSEED (with the generators' fixed seeds)
+makes the files byte for byte the same on each run (tf2onnx orders nodes through sets)."""
 
 from __future__ import annotations
 
@@ -28,19 +29,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tools", default=",".join(TOOLS), help=f"comma-separated modules among {TOOLS}"
     )
+    parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     wanted = [t for t in args.tools.split(",") if t]
     unknown = sorted(set(wanted) - set(TOOLS))
     if unknown:
         parser.error(f"unknown tool(s): {', '.join(unknown)}")
-    if len(wanted) == 1:
-        _generate(wanted[0], args.out)
+    if args.in_process:
+        for tool in wanted:
+            _generate(tool, args.out)
         return 0
     here = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": "0"}
     for tool in wanted:
         started = time.monotonic()
-        cmd = [sys.executable, "-m", "exporters", str(args.out), "--tools", tool]
+        cmd = [sys.executable, "-m", "exporters", str(args.out), "--tools", tool, "--in-process"]
         if subprocess.run(cmd, env=env).returncode != 0:
             print(f"{tool}: failed", file=sys.stderr)
             return 1

@@ -1,4 +1,4 @@
-"""Weights stored inside the .onnx file: fused without parsing them (issue 11 §12).
+"""Weights stored inside the .onnx file: fused without parsing them.
 
 The large ``raw_data`` of the main graph's initializers is left in the input file as byte
 ranges and streamed to the output: memory stays far below the file's size, the weights come out
@@ -21,7 +21,7 @@ from inline_models import layer_bytes, mlp_stack, mlp_stack_model
 from onnx import TensorProto, helper, numpy_helper
 
 from rmsnorm_onnx.errors import InvalidModelError
-from rmsnorm_onnx.fusion import fuse_file, inline
+from rmsnorm_onnx.fusion import fuse_file, inline_weights
 from rmsnorm_onnx.reference import tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def test_large_inline_model_fuses_in_a_fraction_of_its_size(tmp_path: Path) -> N
     _same_outputs(out, src, hidden)
 
 
-def test_split_leaves_only_large_raw_data_in_the_file(tmp_path: Path) -> None:
+def test_only_large_raw_data_is_left_in_the_file(tmp_path: Path) -> None:
     model = mlp_stack_model(2, 64, 128)
     big = numpy_helper.from_array(np.arange(512, dtype=np.float32), "typed")
     big.float_data.extend(numpy_helper.to_array(big).tolist())  # data in a typed field
@@ -98,15 +98,15 @@ def test_split_leaves_only_large_raw_data_in_the_file(tmp_path: Path) -> None:
     model.graph.initializer.append(big)
     path = tmp_path / "m.onnx"
     path.write_bytes(model.SerializeToString())
-    split = inline.split(path)
-    assert split is not None
+    found = inline_weights.leave_in_file(path)
+    assert found is not None
     data = path.read_bytes()
-    left = {t.name: t for t in split.proto.graph.initializer if split.range_of(t)}
+    left = {t.name: t for t in found.proto.graph.initializer if found.range_of(t)}
     assert sorted(left) == ["l0_down", "l0_up", "l1_down", "l1_up"]  # 32 kB each
     for tensor in model.graph.initializer:
-        mine = next(t for t in split.proto.graph.initializer if t.name == tensor.name)
+        mine = next(t for t in found.proto.graph.initializer if t.name == tensor.name)
         if tensor.name in left:
-            offset, length = split.range_of(mine)
+            offset, length = found.range_of(mine)
             assert data[offset : offset + length] == tensor.raw_data
             assert (list(mine.dims), mine.data_type) == (list(tensor.dims), tensor.data_type)
         else:  # small (scales 256 B, constants) or typed: as they were
@@ -130,8 +130,8 @@ def test_inline_and_external_weights_together(tmp_path: Path) -> None:
         model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data",
         size_threshold=100_000,  # up/down (128 kB) external, scales (2 kB) and constants inline
     )  # fmt: skip
-    split = inline.split(tmp_path / "m.onnx")
-    assert split is not None and len(split.ranges) == 2  # the scales
+    found = inline_weights.leave_in_file(tmp_path / "m.onnx")
+    assert found is not None and len(found.ranges) == 2  # the scales
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     report = fuse_file(tmp_path / "m.onnx", out_dir / "f.onnx", verify=True)
@@ -154,7 +154,7 @@ def test_truncated_inline_model_is_the_usual_error(tmp_path: Path, cut: float) -
     src = mlp_stack(tmp_path / "m.onnx", 2, 64, 256)
     data = src.read_bytes()
     src.write_bytes(data[: int(len(data) * cut)] if cut > 0 else data[:-1])
-    assert inline.split(src) is None
+    assert inline_weights.leave_in_file(src) is None
     with pytest.raises(InvalidModelError, match="not a readable ONNX model"):
         fuse_file(src, tmp_path / "out.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
@@ -164,14 +164,15 @@ def test_a_model_without_large_inline_weights_is_read_as_before(tmp_path: Path) 
     model = mlp_stack_model(1, 8, 16)  # every tensor under the threshold
     path = tmp_path / "m.onnx"
     path.write_bytes(model.SerializeToString())
-    assert inline.split(path) is None
-    assert inline.read(path).proto == model
+    assert inline_weights.leave_in_file(path) is None
+    assert inline_weights.read(path).proto == model
     big = mlp_stack_model(1, 64, 256)
     path.write_bytes(big.SerializeToString())
-    assert inline.split(path) is not None
+    assert inline_weights.leave_in_file(path) is not None
     graph_again = helper.make_model(big.graph).graph.SerializeToString()
     path.write_bytes(big.SerializeToString() + b"\x3a" + _varint(len(graph_again)) + graph_again)
-    assert inline.split(path) is None  # two graph fields, which parsers merge: not split
+    # two graph fields, which parsers merge: nothing left in the file
+    assert inline_weights.leave_in_file(path) is None
 
 
 def _varint(n: int) -> bytes:
@@ -189,8 +190,8 @@ def test_a_symlinked_input_as_in_a_hugging_face_cache(tmp_path: Path) -> None:
     blob = mlp_stack(tmp_path / "blobs" / "0123abcd", 2, 512, 64)
     link = tmp_path / "snapshots" / "model.onnx"
     os.symlink("../blobs/0123abcd", link)
-    split = inline.split(link)
-    assert split is not None and split.path == blob.resolve() and len(split.ranges) == 6
+    found = inline_weights.leave_in_file(link)
+    assert found is not None and found.path == blob.resolve() and len(found.ranges) == 6
     report = fuse_file(link, tmp_path / "fused.onnx", verify=True)
     assert report.fused_count == 2 and report.verified
     _same_weights(blob, tmp_path / "fused.onnx")
@@ -212,7 +213,7 @@ def _with_padded_lengths(model: onnx.ModelProto, where: str, size: int) -> bytes
     graph = onnx.GraphProto()
     graph.CopyFrom(model.graph)
     graph.ClearField("initializer")
-    big = next(t for t in model.graph.initializer if len(t.raw_data) >= inline.THRESHOLD)
+    big = next(t for t in model.graph.initializer if len(t.raw_data) >= inline_weights.THRESHOLD)
     inits = b""
     for t in model.graph.initializer:
         if t is not big:
@@ -243,11 +244,11 @@ def test_a_length_varint_protobuf_refuses_is_refused(tmp_path: Path, where: str)
     path = tmp_path / "m.onnx"
     path.write_bytes(_with_padded_lengths(model, where, 5))  # valid: the control
     assert onnx.load(path).graph.initializer[3].raw_data == model.graph.initializer[3].raw_data
-    assert inline.split(path) is not None
+    assert inline_weights.leave_in_file(path) is not None
     path.write_bytes(_with_padded_lengths(model, where, 6))
     with pytest.raises(Exception, match=r"DecodeError|Error parsing"):
         onnx.load(path)
-    assert inline.split(path) is None
+    assert inline_weights.leave_in_file(path) is None
     with pytest.raises(InvalidModelError, match="not a readable ONNX model"):
         fuse_file(path, tmp_path / "out.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
@@ -260,8 +261,8 @@ def test_a_field_key_protobuf_refuses_is_refused(tmp_path: Path) -> None:
         path.write_bytes(_with_padded_lengths(model, "graph key", size))
         if readable:
             assert len(onnx.load(path).graph.initializer) == len(model.graph.initializer)
-            assert inline.split(path) is not None
+            assert inline_weights.leave_in_file(path) is not None
         else:
-            assert inline.split(path) is None
+            assert inline_weights.leave_in_file(path) is None
             with pytest.raises(InvalidModelError, match="not a readable ONNX model"):
                 fuse_file(path, tmp_path / "out.onnx")
