@@ -19,6 +19,7 @@ from onnx.reference import ReferenceEvaluator
 
 from rmsnorm_onnx import onnx_io, op_schema
 from rmsnorm_onnx.fusion import canonical, targets
+from rmsnorm_onnx.fusion.driver import all_nodes
 from rmsnorm_onnx.fusion.lower import LOWERINGS, lower
 from rmsnorm_onnx.fusion.report import FuseReport
 from rmsnorm_onnx.op_schema import MS_DOMAIN
@@ -125,10 +126,9 @@ def lower_proto(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, F
     op_schema.register()
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     ir_model = ir.serde.deserialize_model(inferred)
-    for container in [ir_model.graph, *ir_model.functions.values()]:
-        for node in ir.traversal.RecursiveGraphIterator(container):
-            if canonical.is_canonical(node):  # as raising tags them: lowering removes the tag
-                node.metadata_props[canonical.SOURCE_TAG] = node.op_type
+    for node in all_nodes(ir_model):
+        if canonical.is_canonical(node):  # as raising tags them: lowering removes the tag
+            node.metadata_props[canonical.SOURCE_TAG] = node.op_type
     report = FuseReport(target=target)
     lower(ir_model, targets.get(target), report)
     out = ir.serde.serialize_model(ir_model)

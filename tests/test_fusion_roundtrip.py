@@ -22,6 +22,7 @@ from test_fusion_lower import run_ort as run
 from rmsnorm_onnx import onnx_io
 from rmsnorm_onnx.fusion import TARGETS, fuse
 from rmsnorm_onnx.fusion.canonical import is_canonical
+from rmsnorm_onnx.fusion.driver import all_nodes
 from rmsnorm_onnx.fusion.verify import verify
 
 
@@ -30,11 +31,7 @@ def assert_imports_used(model: onnx.ModelProto) -> None:
     import onnx_ir as ir
 
     ir_model = ir.serde.deserialize_model(model)
-    used = {
-        node.domain
-        for container in [ir_model.graph, *ir_model.functions.values()]
-        for node in ir.traversal.RecursiveGraphIterator(container)
-    }
+    used = {node.domain for node in all_nodes(ir_model)}
     imported = {o.domain for o in model.opset_import}
     assert used - {"", "ai.onnx"} == imported - {"", "ai.onnx"}, (used, imported)
 
@@ -45,10 +42,9 @@ def canonical_kinds(model: onnx.ModelProto) -> Counter[str]:
 
     found: Counter[str] = Counter()
     ir_model = ir.serde.deserialize_model(model)
-    for container in [ir_model.graph, *ir_model.functions.values()]:
-        for node in ir.traversal.RecursiveGraphIterator(container):
-            if is_canonical(node):
-                found[node.op_type] += 1
+    for node in all_nodes(ir_model):
+        if is_canonical(node):
+            found[node.op_type] += 1
     return found
 
 

@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from ..compare import compare_arrays
     from ..fusion import fuse_file
     from ..onnx_io import load_model
+    from ..tables import format_table
     from . import ort_run
     from .describe import op_summary
     from .export import export_model
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             failed.append(labels[key])
         t = timing[key].median_ms
         rows.append((labels[key], f"{diff.max_abs:.2e}", f"{t * 1e3:8.1f} us", f"{base / t:5.2f}x"))
-    _table(rows)
+    print("\n".join(format_table(rows, indent="   ")))
     between = max(
         compare_arrays(outputs[a], outputs[b]).max_abs for a in outputs for b in outputs if a < b
     )
@@ -170,9 +171,3 @@ def _seeds_input_and_weight() -> tuple[Any, Any, float]:
 
     layer, (x,) = samples.get_sample(SAMPLE)
     return x.numpy(), layer.weight.detach().numpy(), float(layer.eps)
-
-
-def _table(rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("   " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

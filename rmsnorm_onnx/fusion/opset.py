@@ -18,6 +18,7 @@ import onnx_ir as ir
 from onnx import defs
 
 from .. import op_schema
+from .driver import containers
 from .targets import STANDARD_OPSET
 from .values import DEFAULT_DOMAINS, default_domain_version
 
@@ -164,9 +165,7 @@ def blockers(model: ir.Model) -> list[str]:
 
 def _containers(model: ir.Model) -> list[tuple[ir.Graph | ir.Function, int]]:
     main = version(model.opset_imports)
-    found: list[tuple[ir.Graph | ir.Function, int]] = [(model.graph, main)]
-    found += [(f, version(f.opset_imports, main)) for f in model.functions.values()]
-    return found
+    return [(c, version(c.opset_imports, main)) for c in containers(model)]
 
 
 def version(imports: dict[str, int], fallback: int = 1) -> int:
@@ -184,10 +183,10 @@ def _set_default(imports: dict[str, int], value: int) -> None:
 def one_default_import(model: ir.Model) -> None:
     """Import the default domain under "" only, where the model or a function names it
     "ai.onnx" (ONNX allows both, and rules and lowerings then look under one name)."""
-    for imports in [model.opset_imports, *(f.opset_imports for f in model.functions.values())]:
-        found = default_domain_version(imports)
+    for container in containers(model):
+        found = default_domain_version(container.opset_imports)
         if found is not None:
-            _set_default(imports, found)
+            _set_default(container.opset_imports, found)
 
 
 def raise_opset(model: ir.Model) -> None:

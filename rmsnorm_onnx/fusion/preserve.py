@@ -13,6 +13,8 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
+from .driver import containers
+
 # onnxruntime 1.31, the newest release tested, reads IR versions up to 13
 ORT_MAX_IR_VERSION = 13
 
@@ -58,8 +60,7 @@ def snapshot(proto: onnx.ModelProto, model: ir.Model) -> dict[int, Declared]:
 
 def restore(model: ir.Model, tables: dict[int, Declared]) -> None:
     """Give every value the type and shape its graph declared in the input, or none."""
-    containers: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
-    for container in containers:
+    for container in containers(model):
         graphs = [container.graph if isinstance(container, ir.Function) else container]
         for node in ir.traversal.RecursiveGraphIterator(container):
             for attr in node.attributes.values():

@@ -23,6 +23,7 @@ from onnxscript.rewriter import pattern
 from .. import op_schema
 from ..reference import skip_fits
 from .dims import Dims
+from .driver import containers
 from .patterns import Fused, emit
 from .values import dim_tokens
 
@@ -121,6 +122,5 @@ def rules() -> list[pattern.RewriteRule]:
 
 def sort(model: ir.Model) -> None:
     """Topological order again: a consumer of the sum may sit before the norm that now makes S."""
-    model.graph.sort()
-    for function in model.functions.values():
-        function.sort()
+    for container in containers(model):
+        container.sort()

@@ -1,7 +1,8 @@
 """Write every entry of the chosen generator modules into OUT_DIR. Each module runs in a
 process of its own: Keras picks its backend at import, TensorFlow, JAX, Paddle and torch are
-best not loaded side by side, and a fixed PYTHONHASHSEED (with the generators' fixed seeds)
-makes the files byte for byte the same on each run (tf2onnx orders nodes through sets)."""
+best not loaded side by side. Weights come from fixed seeds and PYTHONHASHSEED is fixed: the
+files of jax2onnx, paddle2onnx and Olive are the same bytes on each run; tf2onnx's compute the
+same (same ops, same weights) but name and order its deduplicated constants differently."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ Hugging Face Llama: each norm becomes ``LpNormalization(x, p=2) · (√N · w)``
 With all-ones norm weights (as in rotated QuaRot/SpinQuant models) the scale is the
 one-element ``[√N]``.
 
-The surgeon is called as Olive's ``GraphSurgeries`` pass calls it, on the model proto.
+The surgeon is applied as Olive's ``GraphSurgeries`` pass applies it: on the model proto, then
+the pass's default deduplication of equal initializers.
 """
 
 from __future__ import annotations
@@ -85,7 +86,11 @@ def _surgery(module: torch.nn.Module, ids: torch.Tensor) -> onnx.ModelProto:
             dynamic_axes={"ids": {0: "batch", 1: "seq"}},
         )
         proto = onnx.load(path)
-    return RMSNormToL2Norm()(proto)
+    import onnx_ir as ir
+    from onnx_ir.passes.common import DeduplicateHashedInitializersPass
+
+    proto = RMSNormToL2Norm()(proto)
+    return ir.to_proto(DeduplicateHashedInitializersPass()(ir.from_proto(proto)).model)
 
 
 def entries(seed: int = 0) -> Iterator[Entry]:
