@@ -35,7 +35,7 @@ from .errors import InvalidModelError, RMSNormOnnxError, UsageError
 from .fusion import FuseReport, fuse_file, inline_weights
 from .fusion.external import external_files
 from .reference import tolerance
-from .runtime import _LIBRARY_NAMES, library_path
+from .runtime import LIBRARY_NAMES, library_path
 
 __all__ = ["CONFIG", "fuse_folder"]
 
@@ -130,7 +130,7 @@ def _uses_our_ops(model_path: Path) -> bool:
 def _ours(session_options: dict[str, Any]) -> str | None:
     """The registered library when it is ours (by file name), so it is replaced, not kept."""
     registered = session_options.get("custom_ops_library")
-    if isinstance(registered, str) and Path(registered).name in _LIBRARY_NAMES.values():
+    if isinstance(registered, str) and Path(registered).name in LIBRARY_NAMES.values():
         return registered
     return None
 

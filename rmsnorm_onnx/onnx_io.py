@@ -23,6 +23,7 @@ __all__ = [
     "ONNX_TYPES",
     "ORT_TYPES",
     "all_graphs",
+    "all_tensors",
     "atomic_path",
     "check_external_data",
     "data_path",
@@ -68,6 +69,12 @@ def all_graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto | onnx.Functi
                 if attr.HasField("g"):
                     stack.append(attr.g)
                 stack.extend(attr.graphs)
+
+
+def all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor that can hold weights: initializers (main graph and subgraphs) and node
+    attributes (functions too). onnx's own walk, which it keeps private: here it is named once."""
+    return iter(external_data_helper._get_all_tensors(model))
 
 
 def set_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -330,7 +337,7 @@ def check_external_data(
     """Every external data reference is well-formed and its file lies inside ``base_dir`` (see
     ``data_path``), is a regular file and holds the bytes the tensors name."""
     needed: dict[str, int] = {}
-    for tensor in external_data_helper._get_all_tensors(model):
+    for tensor in all_tensors(model):
         if external_data_helper.uses_external_data(tensor):
             location, end = external_reference(tensor, str(source))
             needed[location] = max(needed.get(location, 0), end)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LIBRARY_ENV",
+    "LIBRARY_NAMES",
     "PROVIDER_ALIASES",
     "copy_options",
     "cuda_available",
@@ -37,7 +38,7 @@ __all__ = [
 
 LIBRARY_ENV = "RMSNORM_ONNX_LIBRARY"
 PROVIDER_ALIASES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-_LIBRARY_NAMES = {
+LIBRARY_NAMES = {  # the library's file name by platform (CMake names it so)
     "linux": "librmsnorm_onnx.so",
     "darwin": "librmsnorm_onnx.dylib",
     "win32": "rmsnorm_onnx.dll",
@@ -45,7 +46,7 @@ _LIBRARY_NAMES = {
 _BUILD_HINT = (
     "build it with `pip install .` from a source checkout (CMake compiles it into the package), "
     "or with `cmake -S rmsnorm_onnx/csrc -B build -G Ninja && cmake --build build` and then "
-    f"`export {LIBRARY_ENV}=$PWD/build/{_LIBRARY_NAMES.get(sys.platform, 'librmsnorm_onnx.so')}`"
+    f"`export {LIBRARY_ENV}=$PWD/build/{LIBRARY_NAMES.get(sys.platform, 'librmsnorm_onnx.so')}`"
 )
 
 ProviderSpec = str | tuple[str, dict[str, Any]]
@@ -59,7 +60,7 @@ def library_path() -> str:
         if not path.is_file():
             raise RMSNormOnnxError(f"{LIBRARY_ENV}={env}: no such file")
         return str(path.resolve())
-    name = _LIBRARY_NAMES.get(sys.platform, "librmsnorm_onnx.so")
+    name = LIBRARY_NAMES.get(sys.platform, "librmsnorm_onnx.so")
     path = Path(__file__).resolve().parent / name
     if path.is_file():
         return str(path)

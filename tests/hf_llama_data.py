@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from test_torch_export_models import _kwargs, _run_torch, build, example
+from test_torch_export_models import build, example, forward_kwargs, run_torch
 
 from rmsnorm_onnx import export, onnx_io
 
@@ -34,14 +34,14 @@ def main() -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             args = (example(NAME, 2, 6, dtype),)
-            proto = export(model, args, kwargs=_kwargs(NAME), rmsnorm="fused")
+            proto = export(model, args, kwargs=forward_kwargs(NAME), rmsnorm="fused")
         for node in proto.graph.node:
             del node.metadata_props[:]
         path = DATA / f"hf-llama.{dtype_name}.fused.onnx"
         onnx_io.save_model(proto, path)
         ids = example(NAME, BATCH, SEQ, dtype)
         arrays[f"{dtype_name}_input_ids"] = ids.numpy()
-        arrays[f"{dtype_name}_logits"] = _run_torch(model, NAME, ids)
+        arrays[f"{dtype_name}_logits"] = run_torch(model, NAME, ids)
         print(f"{path}  {path.stat().st_size / 1024:.1f} KiB")
     np.savez_compressed(DATA / "hf-llama.npz", **arrays)
     return 0

@@ -240,7 +240,7 @@ def test_inlined_body_becomes_onnxruntimes_fused_norm(rng, tmp_path) -> None:
 # --- one body per variant, attributes per node --------------------------------------------------
 
 
-def _chain_model(specs: list[dict], opset: int = 18) -> onnx.ModelProto:
+def chain_model(specs: list[dict], opset: int = 18) -> onnx.ModelProto:
     """x -> norm -> norm -> ... (float32, shape [batch, 4, 8]); spec: op ("RMSNorm" /
     "SkipRMSNorm"), params (PARAMS key, X's dtype), sum (S output, a graph output), attrs."""
     nodes, outputs, prev = [], [], "x"
@@ -314,7 +314,7 @@ def test_nodes_differing_in_attributes_share_one_body(rng, fused_library) -> Non
         {"op": "SkipRMSNorm", "attrs": {"epsilon": 0.01, "eps_outside": True}},
         {"op": "SkipRMSNorm", "sum": True, "attrs": {"epsilon": 1e-6}},
     ]
-    model = _chain_model(specs)
+    model = chain_model(specs)
     done = op_functions.attach(model)
     names = sorted(f.name for f in model.functions)
     assert names == ["RMSNorm", "SkipRMSNorm"] and done.notes == []
@@ -333,7 +333,7 @@ def test_a_common_model_gets_the_fast_body(rng) -> None:
     """Nodes that agree (last axis, epsilon inside) get the body without Flatten or the
     eps_outside arithmetic, whatever their epsilons."""
     specs = [{"attrs": {"epsilon": e}} for e in (1e-6, 1e-5, 0.1)]
-    model = _chain_model(specs)
+    model = chain_model(specs)
     op_functions.attach(model)
     (body,) = model.functions
     ops = [n.op_type for n in body.node]
@@ -353,7 +353,7 @@ def test_nodes_differing_in_inputs_get_overloads(rng, fused_library) -> None:
         {"op": "SkipRMSNorm", "params": "plain", "attrs": {"epsilon": 0.3}},
         {"op": "SkipRMSNorm", "params": "scale", "sum": True, "attrs": {"epsilon": 0.3}},
     ]
-    model = _chain_model(specs)
+    model = chain_model(specs)
     done = op_functions.attach(model)
     assert len(model.functions) == 6 and model.ir_version == op_functions.OVERLOAD_IR_VERSION
     assert any("overload" in n for n in done.notes)
@@ -412,7 +412,7 @@ def test_newest_onnx_opset_checks_and_evaluates(rng) -> None:
 
 def test_opset_13_without_a_known_type_gets_no_body() -> None:
     """Below opset 15 a body names X's type; where onnx cannot infer it the node goes without."""
-    model = _chain_model([{"attrs": {"epsilon": 0.1}}], opset=13)
+    model = chain_model([{"attrs": {"epsilon": 0.1}}], opset=13)
     model.graph.input[0].type.tensor_type.elem_type = 0
     done = op_functions.attach(model)
     assert not model.functions and not op_functions.has_bodies(model)
@@ -420,14 +420,14 @@ def test_opset_13_without_a_known_type_gets_no_body() -> None:
 
 
 def test_opset_below_13_gets_no_body() -> None:
-    model = _chain_model([{}], opset=12)
+    model = chain_model([{}], opset=12)
     done = op_functions.attach(model)
     assert not model.functions and "opset >= 13" in done.notes[0]
 
 
 def test_attach_replaces_and_remove_drops_the_bodies() -> None:
     specs = [{"params": "scale"}, {"params": "plain"}]
-    model = _chain_model(specs)
+    model = chain_model(specs)
     relu = [helper.make_node("Relu", ["a"], ["b"])]
     other = helper.make_function("user", "F", ["a"], ["b"], relu, [helper.make_opsetid("", 18)])
     model.functions.append(other)
@@ -445,7 +445,7 @@ def test_a_node_without_epsilon_gets_it_written() -> None:
     writes the default on the node."""
     node = op_schema.make_node(["x", "w"], ["y0"])
     del node.attribute[:]  # no epsilon, no axis: the defaults
-    model = _chain_model([{}])
+    model = chain_model([{}])
     model.graph.node[0].CopyFrom(node)
     op_functions.attach(model)
     attrs = {a.name: helper.get_attribute_value(a) for a in model.graph.node[0].attribute}

@@ -98,9 +98,9 @@ def test_files_fused_before_gain_bodies_and_other_targets_drop_them(decomposed) 
 def test_a_skip_node_without_s_stays_without_it_through_the_pass() -> None:
     """attach names a missing S '' where the op's body declares S; fused again, that output
     must not be named (our kernel would then write it) and goes where no body needs it."""
-    from test_function_bodies import _chain_model
+    from test_function_bodies import chain_model
 
-    model = _chain_model([{"op": "SkipRMSNorm", "sum": True}, {"op": "SkipRMSNorm"}])
+    model = chain_model([{"op": "SkipRMSNorm", "sum": True}, {"op": "SkipRMSNorm"}])
     op_functions.attach(model)
     assert [list(n.output) for n in model.graph.node] == [["y0", "s0"], ["y1", ""]]
     again, _ = fuse(model, target="custom")
@@ -209,7 +209,7 @@ def test_our_fused_export_runs_without_our_library(fused_library, name, dtype) -
     """rmsnorm_onnx.export(rmsnorm="fused") of patched Hugging Face models: the file runs like
     the torch model without our library; the bodies add at most a few KB."""
     pytest.importorskip("transformers")
-    from test_torch_export_models import _run_torch, example, exports, model_dtype
+    from test_torch_export_models import example, exports, model_dtype, run_torch
 
     model, protos = exports(name, dtype)
     fused = protos["fused"]
@@ -219,7 +219,7 @@ def test_our_fused_export_runs_without_our_library(fused_library, name, dtype) -
     sess = plain_session(fused)
     (got,) = sess.run(None, {sess.get_inputs()[0].name: inputs.numpy()})
     rtol, atol = reference.tolerance({"fp32": "float32", "fp16": "float16"}[dtype])
-    np.testing.assert_allclose(got.astype(np.float32), _run_torch(model, name, inputs), rtol, atol)
+    np.testing.assert_allclose(got.astype(np.float32), run_torch(model, name, inputs), rtol, atol)
 
 
 def test_export_can_leave_the_bodies_out() -> None:

@@ -391,3 +391,23 @@ def test_shared_epsilon_and_exponent_constants_across_layers_fuse() -> None:
     x = _feed()
     want = rms_norm(rms_norm(x, None, epsilon=EPS), None, epsilon=EPS)
     np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_constant_factor_folds_into_a_constant_scale() -> None:
+    """Olive's RMSNormToL2Norm folds √N into the weight: LpNormalization(x) · (√N · w) is
+    RMSNorm(x, w) with ε = 0; the fused scale is the weight with the factor folded back."""
+    b = Builder(Spelling())
+    w = (1 + 0.5 * np.random.default_rng(0).standard_normal(N)).astype(np.float32)
+    y = b.op("LpNormalization", "x", axis=-1, p=2)
+    y = b.op("Mul", y, b.const(w * np.float32(math.sqrt(N))))
+    b.nodes.append(helper.make_node("Identity", [y], ["y"]))
+    x_in = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))
+    y_out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(SHAPE))
+    graph = helper.make_graph(b.nodes, "g", [x_in], [y_out], initializer=b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    fused, report = fuse(model)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    assert "folded" in next(iter(report.fused)), report.fused
+    x = _feed()
+    want = rms_norm(x, w, epsilon=0.0)
+    np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-5, atol=1e-5)

@@ -64,7 +64,7 @@ class _Decoder(torch.nn.Module):
         return self.model(input_ids=ids, attention_mask=mask, **kwargs).last_hidden_state
 
 
-def _module(family: str, exporter: str, dtype: str):
+def hf_module(family: str, exporter: str, dtype: str):
     """(module, example inputs, dynamic dims) for one corpus entry."""
     torch.manual_seed(0)
     config = _config(family)
@@ -82,7 +82,7 @@ def _module(family: str, exporter: str, dtype: str):
     return _Decoder(model), (torch.randint(0, 100, (2, 8)),)
 
 
-def _norms_that_run(module, args) -> int:
+def norms_that_run(module, args) -> int:
     calls = []
     hooks = [
         m.register_forward_hook(lambda *_: calls.append(1))
@@ -96,7 +96,7 @@ def _norms_that_run(module, args) -> int:
     return len(calls)
 
 
-def _export(module, args, path: Path, exporter: str) -> None:
+def export_module(module, args, path: Path, exporter: str) -> None:
     if exporter == "patched-fused":  # our export of the patched model, Adds left in front
         from rmsnorm_onnx import export
         from rmsnorm_onnx.torch_patch import patch
@@ -129,10 +129,12 @@ def exported(tmp_path_factory, family: str, exporter: str, dtype: str) -> tuple[
     in fused mode, without its fusion pass: our RMSNorm nodes behind residual Adds)."""
     key = (family, exporter, dtype)
     if key not in _CACHE:
-        module, args = _module(family, "dynamo" if exporter == "patched-fused" else exporter, dtype)
+        module, args = hf_module(
+            family, "dynamo" if exporter == "patched-fused" else exporter, dtype
+        )
         path = tmp_path_factory.mktemp("hf_corpus") / f"{family}_{exporter}_{dtype}.onnx"
-        _export(module, args, path, exporter)
-        _CACHE[key] = (path, _norms_that_run(module, args))
+        export_module(module, args, path, exporter)
+        _CACHE[key] = (path, norms_that_run(module, args))
     return _CACHE[key]
 
 

@@ -233,3 +233,16 @@ def test_standard_keeps_the_opset_under_an_op_whose_meaning_changes() -> None:
     assert report.converted == {"RMSNorm → plain ops": 1}
     assert "Softmax (opset 11)" in report.notes[0]
     assert _default_imports(lowered) == {"": 11}
+
+
+@pytest.mark.parametrize("version", [23, onnx.defs.onnx_opset_version()])
+def test_standard_never_lowers_an_opset_at_or_above_23(version: int) -> None:
+    """RMSNormalization needs opset 23 or newer: a newer model keeps its own opset (it was once
+    set back to 23, where its newer ops do not exist)."""
+    case = Case(opset=version)
+    lowered, report = lower_proto(build_canonical(case), "standard")
+    assert report.converted == {"RMSNorm → RMSNormalization": 1}
+    assert _default_imports(lowered) == {"": version}
+    onnx.checker.check_model(lowered, full_check=True)
+    inputs = feeds_canonical(case)
+    assert_close(run(lowered, inputs), expected_canonical(case, inputs), np.float32)

@@ -34,12 +34,12 @@ QDQ_WORDS = ("QuantizeLinear", "DequantizeLinear")
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> tuple[Path, int]:
     """(TorchScript export of test_fusion_hf_corpus's tiny Llama, norms that run in it)."""
-    from test_fusion_hf_corpus import _export, _module, _norms_that_run
+    from test_fusion_hf_corpus import export_module, hf_module, norms_that_run
 
-    module, args = _module("llama", "torchscript", "fp32")
+    module, args = hf_module("llama", "torchscript", "fp32")
     path = tmp_path_factory.mktemp("quantized") / "llama.onnx"
-    _export(module, args, path, "torchscript")
-    return path, _norms_that_run(module, args)
+    export_module(module, args, path, "torchscript")
+    return path, norms_that_run(module, args)
 
 
 def _ids(seed: int) -> dict[str, np.ndarray]:

@@ -95,7 +95,7 @@ EXPORTS = [
 def exported(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from test_fusion_hf_corpus import _export, _module, _norms_that_run
+    from test_fusion_hf_corpus import export_module, hf_module, norms_that_run
 
     folder = tmp_path_factory.mktemp("roundtrip_exports")
     cache: dict[tuple[str, str, str], tuple[onnx.ModelProto, int]] = {}
@@ -103,10 +103,10 @@ def exported(tmp_path_factory):
     def get(family: str, exporter: str, dtype: str) -> tuple[onnx.ModelProto, int]:
         key = (family, exporter, dtype)
         if key not in cache:
-            module, args = _module(family, exporter, dtype)
+            module, args = hf_module(family, exporter, dtype)
             path = folder / f"{family}_{exporter}_{dtype}.onnx"
-            _export(module, args, path, exporter)
-            cache[key] = (onnx_io.load_model(path), _norms_that_run(module, args))
+            export_module(module, args, path, exporter)
+            cache[key] = (onnx_io.load_model(path), norms_that_run(module, args))
         return cache[key]
 
     return get

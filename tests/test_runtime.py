@@ -41,7 +41,7 @@ def test_library_path_honours_the_environment(monkeypatch, tmp_path):
 
 def test_missing_library_says_how_to_build_it(monkeypatch):
     monkeypatch.delenv(runtime.LIBRARY_ENV, raising=False)
-    monkeypatch.setitem(runtime._LIBRARY_NAMES, sys.platform, "librmsnorm_onnx_missing.so")
+    monkeypatch.setitem(runtime.LIBRARY_NAMES, sys.platform, "librmsnorm_onnx_missing.so")
     with pytest.raises(
         RMSNormOnnxError, match=r"not built .*pip install \..*cmake -S rmsnorm_onnx/csrc"
     ):

@@ -91,13 +91,13 @@ def model_dtype(model: nn.Module) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
-def _kwargs(name: str) -> dict:
+def forward_kwargs(name: str) -> dict:
     return {} if name == "t5" else {"use_cache": False}
 
 
-def _run_torch(model: nn.Module, name: str, inputs: torch.Tensor) -> np.ndarray:
+def run_torch(model: nn.Module, name: str, inputs: torch.Tensor) -> np.ndarray:
     with torch.no_grad():
-        out = model(inputs, **_kwargs(name))
+        out = model(inputs, **forward_kwargs(name))
     return (out if name == "t5" else out.logits).float().numpy()
 
 
@@ -109,7 +109,7 @@ def exports(name: str, dtype_name: str) -> tuple[nn.Module, dict[str, onnx.Model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         protos = {
-            mode: export(model, (ids,), kwargs=_kwargs(name), rmsnorm=mode)
+            mode: export(model, (ids,), kwargs=forward_kwargs(name), rmsnorm=mode)
             for mode in ("decomposed", "fused")
         }
     return model, protos
@@ -169,7 +169,7 @@ def test_skip_node_at_every_residual_add_before_a_norm(exported) -> None:
     graph = protos["fused"].graph
     ours = Counter(n.op_type for n in graph.node if n.domain == op_schema.DOMAIN)
     assert ours[op_schema.SKIP_OP_TYPE] == edges, (name, ours, edges)
-    runs = count_norm_calls(model, example(name, 2, 6, model_dtype(model)), **_kwargs(name))
+    runs = count_norm_calls(model, example(name, 2, 6, model_dtype(model)), **forward_kwargs(name))
     assert ours[op_schema.OP_TYPE] + ours[op_schema.SKIP_OP_TYPE] == runs
     # no residual Add left in front of a norm; the next layer (its SkipRMSNorm, or the Add of a
     # post-norm model) reads output 1 where the decomposed graph reads the sum again
@@ -193,7 +193,7 @@ def test_fused_export_runs_like_the_torch_model(fused_library, exported) -> None
     sess = runtime.session(protos["fused"])
     inputs = example(name, 3, 11, model_dtype(model))  # other sizes than exported with
     (got,) = sess.run(None, {sess.get_inputs()[0].name: inputs.numpy()})
-    want = _run_torch(model, name, inputs)
+    want = run_torch(model, name, inputs)
     # a whole network within the op's tolerance (measured: fp32 <= 5e-7, fp16 2.4e-4)
     rtol, atol = tolerance({"fp32": "float32", "fp16": "float16"}[dtype_name])
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=rtol, atol=atol)

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from rmsnorm_onnx.cli import view  # noqa: E402  (after making the repo importable)
+from rmsnorm_onnx import netron_server  # noqa: E402  (after making the repo importable)
 from rmsnorm_onnx.errors import RMSNormOnnxError  # noqa: E402
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -152,8 +152,8 @@ def screenshot(
     whole viewport, toolbar included. ``scale``: device pixels per CSS pixel (2: crisp text).
     """
     browser = find_chromium(chromium)
-    address = view.serve(model, "127.0.0.1", 0)
-    url = view.url_of(address)
+    address = netron_server.serve(model, "127.0.0.1", 0)
+    url = netron_server.url_of(address)
     try:
         with tempfile.TemporaryDirectory(prefix="netron-shot-") as tmp:
             args = [
@@ -178,7 +178,7 @@ def screenshot(
             finally:
                 chrome.close()
     finally:
-        view.stop(address)
+        netron_server.stop(address)
     check_not_blank(png)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(png)

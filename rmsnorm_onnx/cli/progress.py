@@ -84,10 +84,6 @@ class Progress:
         if self.enabled:
             self._draw()
 
-    def set_detail(self, detail: str) -> None:
-        """Say what is being worked on without counting anything."""
-        self.update(0, detail)
-
     def close(self) -> None:
         """Stop redrawing and erase the line."""
         self._stop.set()

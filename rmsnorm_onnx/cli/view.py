@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
-from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidModelError, RMSNormOnnxError
+from ..netron_server import running, serve, stop, url_of
 from . import argtypes, console
 
 EPILOG = """\
@@ -48,56 +47,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def serve(model: str | Path, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
-    """Start Netron's server for ``model`` in this process; returns the (host, port) it serves on.
-
-    Port 0 picks a free port. Stop it with :func:`stop`.
-    """
-    import logging
-
-    import netron
-
-    path = Path(model)
-    if not path.is_file():
-        what = "is a directory, not a model file" if path.is_dir() else "no such file"
-        raise InvalidModelError(f"{path}: {what}")
-    if path.stat().st_size == 0:
-        raise InvalidModelError(f"{path}: empty file, not a model")
-    from ..fusion.inline_weights import read
-
-    read(path)  # text, garbage, truncated: the usual one-line error; large weights not parsed
-    # Netron announces itself through the logging module; the CLI prints the URL itself.
-    logging.getLogger("netron.server").setLevel(
-        logging.DEBUG if console.verbose() else logging.WARNING
-    )
-    if not logging.getLogger().hasHandlers():
-        logging.getLogger().addHandler(logging.NullHandler())
-    try:
-        address = netron.start(str(path), address=(host, port), browse=False)
-    except OSError as e:
-        reason = e.strerror or str(e)
-        where = f"{host}:{port}" if port else host
-        hint = " (choose another --port, or leave it out for a free one)" if port else ""
-        raise RMSNormOnnxError(f"cannot serve on {where}: {reason}{hint}") from None
-    return address
-
-
-def stop(address: tuple[str, int]) -> None:
-    import netron
-
-    netron.stop(address)
-
-
-def url_of(address: tuple[str, int]) -> str:
-    host, port = address
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}/"
-
-
 def run(args: argparse.Namespace) -> int:
     import webbrowser
-
-    import netron
 
     # Ctrl-C (SIGINT) and SIGTERM both stop the server cleanly, from the moment the URL can be
     # seen. SIGINT is handled explicitly because a shell starts background jobs with it ignored,
@@ -111,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in handled}
     address = None
     try:
-        address = serve(args.model, args.host, args.port)
+        address = serve(args.model, args.host, args.port, verbose=bool(console.verbose()))
         url = url_of(address)
         if args.host not in LOOPBACK:
             console.warn(
@@ -122,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         console.note("Press Ctrl-C to stop.")
         if not args.no_browser and not webbrowser.open(url):
             console.note("note: no browser could be opened here; open the URL above yourself")
-        while not stopping.wait(0.1) and netron.status(address):
+        while not stopping.wait(0.1) and running(address):
             pass
     finally:
         if address is not None:

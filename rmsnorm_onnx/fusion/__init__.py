@@ -2,6 +2,7 @@
 (DESIGN §4): raised to our ops (``raising``), then lowered to the target (``lower``).
 
     model, report = fuse("model.onnx", target="custom")  # or contrib, standard, decomposed
+    model, report = fuse("model.onnx", for_runtime="openvino")  # the best form for a runtime
     report = fuse_file("in.onnx", "out.onnx", verify=True)
 
 Weights are never loaded: the graph is read without its external data, rewritten with
@@ -23,9 +24,9 @@ from ..errors import InvalidModelError, UsageError
 from . import external, functions, inline, opset, preserve, raising, targets, wellformed
 from .lower import lower
 from .report import FuseReport, Skip
-from .targets import TARGETS
+from .targets import TARGETS, Target
 
-__all__ = ["TARGETS", "FuseReport", "Skip", "fuse", "fuse_file"]
+__all__ = ["TARGETS", "FuseReport", "Skip", "Target", "fuse", "fuse_file"]
 
 _MIN_OPSET = 7  # Pow/Sqrt/Reciprocal/ReduceMean with today's broadcasting
 
@@ -77,12 +78,18 @@ def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 def fuse(
     model_or_path: onnx.ModelProto | str | os.PathLike[str],
-    target: str = "custom",
+    target: str | Target | None = None,
     verify: bool = False,
     function_bodies: bool = True,
+    *,
+    for_runtime: str | None = None,
 ) -> tuple[onnx.ModelProto, FuseReport]:
     """Fuse every RMSNorm (decomposed, another tool's op, ours; the residual Add in front of it
     too) into ``target``'s form; returns the new model (input untouched) and a report.
+
+    ``target``: a name of :data:`TARGETS` (default ``custom``) or a :class:`Target`;
+    ``for_runtime`` instead picks the measured best target for a runtime (``onnxruntime``,
+    ``onnxruntime-no-library``, ``openvino``, ``reference``: :mod:`rmsnorm_onnx.target_names`).
 
     A path is read without its external data; the returned model refers to the same data files
     (relative to the input's folder). ``verify`` runs original and fused model in onnxruntime.
@@ -90,7 +97,7 @@ def fuse(
     model-local functions (:mod:`rmsnorm_onnx.op_functions`), so that it also runs without our
     library; bodies the input carried are always dropped first.
     """
-    tgt = targets.get(target)
+    tgt = targets.get(target, for_runtime=for_runtime)
     proto, base_dir = _read(model_or_path)
     _check_opset(proto)
     where = str(model_or_path) if base_dir is not None else "model"
@@ -104,7 +111,9 @@ def fuse(
     op_functions.remove(model)  # our ops' bodies: never raised; written afresh below if wanted
     if base_dir is not None:
         ir.external_data.set_base_dir(model.graph, base_dir)
-    declared = preserve.snapshot(proto, model)  # inferred shapes stay internal (issue 11 §7)
+    # only what IN declared is written back: inferred shapes stay internal (value names can
+    # repeat across subgraphs)
+    declared = preserve.snapshot(proto, model)
     report = FuseReport(target=tgt.name, notes=inlined)
     raising.canonicalize(model, report, proto)
 
@@ -126,11 +135,12 @@ def fuse_file(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str] | None = None,
     *,
-    target: str = "custom",
+    target: str | Target | None = None,
     verify: bool = False,
     in_place: bool = False,
     weights: str = "auto",
     function_bodies: bool = True,
+    for_runtime: str | None = None,
 ) -> FuseReport:
     """Fuse ``src`` into ``dst``, written atomically.
 
@@ -138,7 +148,7 @@ def fuse_file(
     (copy-on-write filesystems) or copied next to ``dst`` (``weights="auto"``), always copied
     (``"copy"``) or hard-linked (``"link"``). Refuses to overwrite ``src`` unless ``in_place``;
     ``dst=None`` with ``in_place`` rewrites ``src``'s graph (its weights are never rewritten).
-    ``function_bodies`` as in :func:`fuse`.
+    ``target``, ``for_runtime`` and ``function_bodies`` as in :func:`fuse`.
     """
     src_path = Path(src)
     if dst is None:
@@ -152,10 +162,17 @@ def fuse_file(
             f"{dst_path}: is the input file; refusing to overwrite it without --in-place"
         )
     out = onnx_io.output_target(dst_path)  # no device, FIFO, socket, folder; symlinks followed
-    # Large inline weights stay in IN as byte ranges and are streamed to OUT (issue 11 §12).
+    # Large weights stored inside IN stay there as byte ranges, streamed to OUT, never parsed
+    # (parsing a model into Python objects costs about five times the file in memory).
     source = inline.read(src_path)
     external.check_output(source.proto, src_path, out, in_place=in_place, split=source)
-    model, report = fuse(source, target=target, verify=verify, function_bodies=function_bodies)
+    model, report = fuse(
+        source,
+        target=target,
+        verify=verify,
+        function_bodies=function_bodies,
+        for_runtime=for_runtime,
+    )
     placed = external.write(model, src_path.parent, out, weights=weights, split=source)
     for path, how in sorted(placed.items()):
         report.notes.append(f"weights {how} to {path}")

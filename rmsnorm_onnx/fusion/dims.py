@@ -48,6 +48,14 @@ _SAME_SHAPE |= {
     (MS_DOMAIN, "BiasGelu"): {0: 0},
     (MS_DOMAIN, "QuickGelu"): {0: 0},
 }
+_SAME_SHAPE |= {
+    ("", op): {0: 0} for op in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
+}
+# what ORT's quantizers write for MatMul (quantize_dynamic, MatMulNBitsQuantizer, QDQ to QOperator)
+_LEADING_FROM_A = {
+    (MS_DOMAIN, op)
+    for op in ("MatMulNBits", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulBnb4")
+}
 _BROADCAST = frozenset(
     {
         "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "And", "Or",
@@ -143,9 +151,14 @@ class Dims:
         if same is not None:
             source = same.get(out)
             return [] if source is None else [self._at(node.inputs[source], axis, depth)]
+        rank = len(value.shape)
+        if (node.domain, op) in _LEADING_FROM_A:  # ORT's quantized MatMuls: A [..., K] -> [..., N]
+            a = node.inputs[0]
+            if axis == rank - 1 or _rank(a) != rank:
+                return []
+            return [self._at(a, axis, depth)]
         if node.domain != "":
             return []
-        rank = len(value.shape)
         if op in _BROADCAST:
             return self._broadcast([(v, None) for v in node.inputs], rank, axis, depth)
         rule = _RULES.get(op)
@@ -195,6 +208,11 @@ class Dims:
             if axis - (batch - r) >= 0:
                 dims.append((None, self.tokens(v, axis - (batch - r), depth)))
         return self._broadcast(dims, batch, axis, depth)
+
+    def _qlinear_matmul(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
+        a, b = node.inputs[0], node.inputs[3]  # a, a_scale, a_zero, b, ...
+        proxy = ir.Node("", "MatMul", [a, b], num_outputs=1)
+        return self._matmul(proxy, out, rank, axis, depth)
 
     def _transpose(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
         perm = node.attributes.get_ints("perm", None)
@@ -366,6 +384,8 @@ class Dims:
 # op -> the rule proving its output dims (the ops of _SAME_SHAPE and _BROADCAST aside)
 _RULES = {
     "MatMul": Dims._matmul,
+    "MatMulInteger": Dims._matmul,  # quantize_dynamic's MatMul
+    "QLinearMatMul": Dims._qlinear_matmul,
     "Transpose": Dims._transpose,
     "Gather": Dims._gather,
     "Unsqueeze": Dims._unsqueeze,

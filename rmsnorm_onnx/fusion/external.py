@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -28,10 +27,6 @@ from . import inline_weights, preserve
 from .inline_weights import WeightsInFile
 
 
-def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    yield from external_data_helper._get_all_tensors(model)
-
-
 def external_files(
     model: onnx.ModelProto, split: WeightsInFile | None = None, *, where: object = "model"
 ) -> dict[str, int]:
@@ -39,7 +34,7 @@ def external_files(
     left inside the .onnx file are not counted. A malformed reference (an offset that is not a
     byte count, no location, a NUL in it) is an InvalidModelError naming ``where``."""
     needed: dict[str, int] = {}
-    for tensor in _tensors(model):
+    for tensor in onnx_io.all_tensors(model):
         if not external_data_helper.uses_external_data(tensor):
             continue
         if split is not None and split.range_of(tensor) is not None:
@@ -174,7 +169,7 @@ def write(
 
 
 def _relocate(model: onnx.ModelProto, renamed: dict[str, str], split: WeightsInFile | None) -> None:
-    for tensor in _tensors(model):
+    for tensor in onnx_io.all_tensors(model):
         if split is not None and split.range_of(tensor) is not None:
             continue  # written inline again
         for entry in tensor.external_data:

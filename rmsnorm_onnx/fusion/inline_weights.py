@@ -223,7 +223,7 @@ def leave_in_file(path: str | os.PathLike[str]) -> WeightsInFile | None:
     except (OSError, ValueError, _Malformed):
         return None
     if found is not None and moved:
-        tensors = onnx.external_data_helper._get_all_tensors(found.proto)
+        tensors = onnx_io.all_tensors(found.proto)
         if any(t.data_location == onnx.TensorProto.EXTERNAL and not found.range_of(t)
                for t in tensors):  # fmt: skip
             return None  # its external data lies beside the link: read it as before

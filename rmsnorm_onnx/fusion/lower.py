@@ -1,15 +1,13 @@
 """Lowering (DESIGN §4): every canonical norm becomes the form the chosen target writes.
 
-    custom      rmsnorm_onnx::RMSNorm / SkipRMSNorm as they are
-    contrib     SimplifiedLayerNormalization (default domain, as ORT registers it);
-                com.microsoft::SkipSimplifiedLayerNormalization where its contract fits,
-                else Add + SimplifiedLayerNormalization
-    standard    ONNX RMSNormalization (opset 23); a skip norm as Add + RMSNormalization
-    decomposed  plain ops at the model's opset, half inputs computed in float32
+:func:`lower` reads each canonical node once (:class:`Norm`), hands it with a :class:`Builder`
+to the target's lowering (:mod:`rmsnorm_onnx.fusion.targets`: one object per target) and puts
+the nodes written in its place. The pieces lowerings are written from live here: the residual
+Add, a bias Add, the plain-ops chain, a norm op with its Casts.
 
 A bias the target's op lacks is an Add after it. What a target cannot express at all (epsilon
-added to the root, an opset it cannot reach) falls back to the plain ops of ``decomposed``, which
-compute the same and run anywhere; the report says why, once per reason.
+added to the root, an opset it cannot reach) falls back to plain ops, which compute the same and
+run anywhere; the report says why, once per reason.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
@@ -26,13 +25,13 @@ import onnx_ir.passes.common
 from .. import op_schema
 from ..errors import InvalidModelError
 from . import canonical, opset
-from .dims import Dims
-from .report import FuseReport
-from .targets import STANDARD_OPSET, TARGETS, Target
+from .report import PLAIN, FuseReport
+from .driver import all_nodes, containers
 from .values import static_dims
 
-MS_DOMAIN = "com.microsoft"
-SKIP_OP = "SkipSimplifiedLayerNormalization"
+if TYPE_CHECKING:
+    from .targets import Target
+
 _HALF = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -162,24 +161,31 @@ class Builder:
         return self.cast_back(ones, x)
 
 
-# A lowering: (builder, norm, notes) -> (its outputs Y[, S], what it became, for the report). It
-# raises Unsupported where the target cannot express the norm at all; what it wants said once
-# goes into notes (text -> how many norms).
-Lowering = Callable[[Builder, Norm, Counter[str]], tuple[list[ir.Value], str]]
+# A lowering: (its target, builder, norm, notes) -> (the norm's outputs Y[, S], what it became,
+# for the report). It raises Unsupported where the target cannot express the norm at all; what it
+# wants said once goes into notes (text -> how many norms).
+Lowering = Callable[["Target", Builder, Norm, Counter[str]], tuple[list[ir.Value], str]]
 
 
-def _residual(b: Builder, n: Norm) -> ir.Value:
+def residual(b: Builder, n: Norm) -> ir.Value:
+    """The skip norm's sum X + skip, as an Add."""
     s = b("Add", n.x, n.skip)
     s.dtype, s.shape = n.x.dtype, n.x.shape
     return s
 
 
-def _outputs(n: Norm, y: ir.Value, s: ir.Value | None) -> list[ir.Value]:
+def outputs(n: Norm, y: ir.Value, s: ir.Value | None) -> list[ir.Value]:
+    """Y, and the sum S where something reads it."""
     return [y, s] if n.wants_sum else [y]
 
 
-def _add_bias(b: Builder, n: Norm, y: ir.Value) -> ir.Value:
+def add_bias(b: Builder, n: Norm, y: ir.Value) -> ir.Value:
     return y if n.bias is None else b("Add", y, n.bias)
+
+
+def label(n: Norm, op_type: str) -> str:
+    """What the norm became, for the report: the op, "+ Add" where the bias follows it."""
+    return op_type + (" + Add" if n.bias is not None else "")
 
 
 def _params_in_float(n: Norm) -> bool:
@@ -225,28 +231,25 @@ def plain_norm(b: Builder, n: Norm, x: ir.Value) -> ir.Value:
     return b.cast_back(y, x) if late else y
 
 
-def custom(b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
-    return list(n.node.outputs), n.node.op_type
-
-
-def decomposed(b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
+def plain_ops(b: Builder, n: Norm) -> tuple[list[ir.Value], str]:
+    """The norm in plain ops (the residual an Add in front): every target's fallback."""
     if n.skip is None:
-        return [plain_norm(b, n, n.x)], "plain ops"
-    s = _residual(b, n)
-    return _outputs(n, plain_norm(b, n, s), s), "Add + plain ops"
+        return [plain_norm(b, n, n.x)], PLAIN
+    s = residual(b, n)
+    return outputs(n, plain_norm(b, n, s), s), f"Add + {PLAIN}"
 
 
-def _typed_norm(b: Builder, n: Norm, x: ir.Value, target: Target) -> ir.Value:
-    """The target's op on (x, scale) with stash_type=1, the bias an Add after it, and Casts
-    where the types must agree (``mixed_types``: it takes a half X with a float32 scale, and
-    its Y has the scale's type)."""
+def typed_norm(b: Builder, n: Norm, x: ir.Value, op_type: str, *, mixed_types: bool) -> ir.Value:
+    """``op_type`` (default domain) on (x, scale) with epsilon, axis and stash_type=1, the bias an
+    Add after it, and Casts where the types must agree (``mixed_types``: the op takes a half X
+    with a float32 scale, and its Y has the scale's type)."""
     # no scale: ones of the bias's type, so that a float32 bias is added before the cast back
     scale = n.scale if n.scale is not None else b.ones(x, n.axis, _param_type(n))
     attrs = {"axis": n.axis, "epsilon": n.epsilon, "stash_type": 1}
     if scale.dtype is None or scale.dtype == n.dtype:
-        return _add_bias(b, n, b(target.op_type, x, scale, **attrs))
-    xin = x if target.mixed_types else b.cast(x, scale.dtype)
-    return b.cast_back(_add_bias(b, n, b(target.op_type, xin, scale, **attrs)), x)
+        return add_bias(b, n, b(op_type, x, scale, **attrs))
+    xin = x if mixed_types else b.cast(x, scale.dtype)
+    return b.cast_back(add_bias(b, n, b(op_type, xin, scale, **attrs)), x)
 
 
 def _param_type(n: Norm) -> ir.DataType | None:
@@ -257,80 +260,10 @@ def _param_type(n: Norm) -> ir.DataType | None:
     return None
 
 
-def _label(n: Norm, op_type: str) -> str:
-    return op_type + (" + Add" if n.bias is not None else "")
-
-
-def _skip_op_misfit(n: Norm) -> str | None:
-    """Why ORT's SkipSimplifiedLayerNormalization cannot take this norm (its CPU kernel checks
-    these: ranks 2-3, skip matching X's last two dims, a 1-D gamma of X's type), or None."""
-    if n.x.shape is None or n.skip.shape is None:
-        return "the shape of X or skip is unknown"
-    x_dims, s_dims = list(n.x.shape), list(n.skip.shape)
-    if len(x_dims) not in (2, 3):
-        return f"X has rank {len(x_dims)}; the contrib skip op takes rank 2 or 3"
-    if n.axis not in (-1, len(x_dims) - 1):
-        return "it normalizes more than the last axis"
-    proof = Dims()  # numbers, one symbol, or the graph computing them from one tensor's dims
-    if len(s_dims) not in (2, 3) or not all(proof.equal(n.skip, k, n.x, k) for k in (-2, -1)):
-        return "skip's last two dims are not provably X's"
-    if len(x_dims) == 2 and len(s_dims) != 2:
-        return "skip broadcasts over a rank-2 X"
-    if n.dtype is None or n.skip.dtype != n.dtype:
-        return "the types of X and skip are unknown or differ"
-    if n.bias is not None and n.bias.dtype != n.dtype:  # it would be added after rounding Y
-        return "the bias's type differs from X's"
-    if n.scale is not None:
-        if n.scale.dtype != n.dtype:
-            return "the scale's type differs from X's"
-        if n.scale.shape is None or len(n.scale.shape) != 1 or not proof.equal(n.scale, 0, n.x, -1):
-            return "the scale is not a 1-D tensor of the hidden size"
-    return None
-
-
-def contrib(b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
-    target = TARGETS["contrib"]
-    if n.skip is None:
-        return [_typed_norm(b, n, n.x, target)], _label(n, target.op_type)
-    why = _skip_op_misfit(n)
-    if why is None:
-        gamma = n.scale if n.scale is not None else b.ones(n.x, -1)
-        outs = b.tape.op_multi_out(
-            SKIP_OP,
-            [n.x, n.skip, gamma],
-            {"epsilon": n.epsilon},
-            num_outputs=4 if n.wants_sum else 1,
-            domain=MS_DOMAIN,
-        )
-        b.domains.add(MS_DOMAIN)
-        b.unused += outs[1:3]  # mean, inv_std_var: nothing reads them
-        return _outputs(n, _add_bias(b, n, outs[0]), outs[-1]), _label(n, SKIP_OP)
-    notes[f"SkipRMSNorm written as Add + {target.op_type}: {why}"] += 1
-    s = _residual(b, n)
-    return _outputs(n, _typed_norm(b, n, s, target), s), _label(n, f"Add + {target.op_type}")
-
-
-def standard(b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
-    target = TARGETS["standard"]
-    if n.skip is None:
-        return [_typed_norm(b, n, n.x, target)], _label(n, target.op_type)
-    notes[f"ONNX has no residual-add norm: each SkipRMSNorm became Add + {target.op_type}"] += 1
-    s = _residual(b, n)
-    return _outputs(n, _typed_norm(b, n, s, target), s), _label(n, f"Add + {target.op_type}")
-
-
-LOWERINGS: dict[str, Lowering] = {
-    "custom": custom,
-    "contrib": contrib,
-    "standard": standard,
-    "decomposed": decomposed,
-}
-
-
 def _canonical_nodes(model: ir.Model) -> Iterator[tuple[ir.Node, int, ir.Graph | ir.Function]]:
     """Every canonical node with its default opset and the graph or function importing it."""
     main = opset.version(model.opset_imports)
-    for container in [model.graph, *model.functions.values()]:
+    for container in containers(model):
         version = opset.version(container.opset_imports, main)
         for node in ir.traversal.RecursiveGraphIterator(container):
             if canonical.is_canonical(node):
@@ -345,66 +278,83 @@ def _replace(b: Builder, n: Norm, outputs: list[ir.Value]) -> None:
 
 
 def _drop_unused_imports(model: ir.Model) -> None:
-    used = {node.domain for c in [model.graph, *model.functions.values()]
-            for node in ir.traversal.RecursiveGraphIterator(c)}  # fmt: skip
-    for domain in (op_schema.DOMAIN, MS_DOMAIN):
+    used = {node.domain for node in all_nodes(model)}
+    for domain in (op_schema.DOMAIN, op_schema.MS_DOMAIN):
         if domain not in used:
-            model.opset_imports.pop(domain, None)
-            for function in model.functions.values():
-                function.opset_imports.pop(domain, None)
+            for container in containers(model):
+                container.opset_imports.pop(domain, None)
+
+
+def _opset_blocked(model: ir.Model, target: Target) -> str:
+    """Why the model cannot be raised to the opset the target's op needs ('' where it can)."""
+    if target.opset is None:
+        return ""
+    problems = opset.blockers(model, target.opset)
+    if not problems:
+        return ""
+    return (
+        f"target '{target.name}' needs opset {target.opset} and these ops change meaning there: "
+        + ", ".join(problems)
+    )
+
+
+def _lower_one(
+    target: Target, n: Norm, blocked: str, notes: Counter[str]
+) -> tuple[Builder, list[ir.Value], str, bool] | None:
+    """(builder, outputs, label, whether the target's own form was written); None where not
+    even plain ops can express the norm."""
+    b = Builder(n)
+    try:
+        if n.eps_outside and not target.eps_outside:
+            raise Unsupported("epsilon is added to the root")
+        if blocked and n.opset < target.opset:
+            raise Unsupported(blocked)
+        return (b, *target.lowering(target, b, n, notes), True)
+    except Unsupported as why:
+        b = Builder(n)
+        try:
+            written = plain_ops(b, n)
+        except Unsupported as worse:  # not even plain ops: the node stays ours
+            notes[f"left as {n.node.op_type}: {worse}"] += 1
+            return None
+        notes[f"written as plain ops for target '{target.name}': {why}"] += 1
+        return (b, *written, False)
 
 
 def lower(model: ir.Model, target: Target, report: FuseReport) -> None:
     """Rewrite every canonical node into ``target``'s form (in place); fill ``report.converted``
-    and its notes, drop the source tags and the opset imports nothing uses any more."""
-    lowering = LOWERINGS[target.name]
+    and its notes, drop the source tags and the opset imports nothing uses any more. Where the
+    target's op needs a newer opset (``target.opset``), the model is raised to it when that keeps
+    every op's meaning; else its norms in older graphs are written as plain ops."""
     found = list(_canonical_nodes(model))
     if not found:
         return
     opset.one_default_import(model)  # the nodes written are in "", whatever the file named it
-    blocked = ""
-    if target.name == "standard":
-        problems = opset.blockers(model)
-        if problems:
-            blocked = (
-                f"target 'standard' needs opset {STANDARD_OPSET} and these ops change meaning "
-                "there: " + ", ".join(problems)
-            )
+    blocked = _opset_blocked(model, target)
     notes: Counter[str] = Counter()  # reason -> how many norms it concerns
     unused: list[ir.Value] = []
-    standard_ops = False
+    raise_to_target = False
     for node, version, container in found:
         n = Norm.read(node, version)
         node.metadata_props.pop(canonical.SOURCE_TAG, None)
-        b = Builder(n)
-        try:
-            if n.eps_outside and not target.eps_outside:
-                raise Unsupported("epsilon is added to the root")
-            if blocked and n.opset < STANDARD_OPSET:
-                raise Unsupported(blocked)
-            outputs, label = lowering(b, n, notes)
-        except Unsupported as why:
-            b = Builder(n)
-            try:
-                outputs, label = decomposed(b, n, notes)
-            except Unsupported as worse:  # not even plain ops: the node stays ours
-                notes[f"left as {node.op_type}: {worse}"] += 1
-                report.converted[f"{n.source} → {node.op_type}"] += 1
-                continue
-            notes[f"written as plain ops for target '{target.name}': {why}"] += 1
-        report.converted[f"{n.source} → {label}"] += 1
-        standard_ops = standard_ops or TARGETS["standard"].op_type in label
-        if lowering is custom and outputs == list(node.outputs):
+        lowered = _lower_one(target, n, blocked, notes)
+        if lowered is None:
+            report.converted[f"{n.source} → {node.op_type}"] += 1
+            continue
+        b, new_outputs, written, own_form = lowered
+        report.converted[f"{n.source} → {written}"] += 1
+        raise_to_target |= own_form and target.opset is not None and n.opset < target.opset
+        if new_outputs == list(node.outputs):  # the node as it is (our own op)
             continue
         for domain in b.domains:
             container.opset_imports.setdefault(domain, 1)
             model.opset_imports.setdefault(domain, 1)
-        _replace(b, n, outputs)
+        _replace(b, n, new_outputs)
         unused += b.unused
     report.notes += [f"{why} ({count} norm(s))" for why, count in sorted(notes.items())]
     _drop_unused_imports(model)
-    if standard_ops:
-        opset.raise_opset(model)
+    if raise_to_target:
+        opset.raise_opset(model, target.opset)
     onnx_ir.passes.common.NameFixPass()(model)  # the values the new nodes left unnamed
     for value in unused:
         value.name = ""

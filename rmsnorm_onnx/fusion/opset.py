@@ -1,9 +1,9 @@
-"""Raising a model's default-domain opset to 23 for RMSNormalization, only where that is safe.
+"""Raising a model's default-domain opset (to 23 for RMSNormalization), only where that is safe.
 
-A node keeps its meaning at opset 23 when the schema in effect there takes what the one in effect
-now took, meaning the same: the same inputs and outputs (optional ones may be appended, a required
-one may become optional), the same attributes and defaults, and new attributes only where their
-default is the old behaviour (a table: a default cannot tell). Ops whose attribute became an
+A node keeps its meaning at the new opset when the schema in effect there takes what the one in
+effect now took, meaning the same: the same inputs and outputs (optional ones may be appended, a
+required one may become optional), the same attributes and defaults, and new attributes only where
+their default is the old behaviour (a table: a default cannot tell). Ops whose attribute became an
 input (Reduce axes, Squeeze/Unsqueeze axes, Split sizes), or that need ``num_outputs`` (Split
 without sizes) are rewritten; any other change means the model is left alone, with the op named
 in the report.
@@ -19,9 +19,9 @@ from onnx import defs
 
 from .. import op_schema
 from .driver import containers
-from .targets import STANDARD_OPSET
 from .values import DEFAULT_DOMAINS, default_domain_version
 
+STANDARD_OPSET = 23  # ONNX RMSNormalization's first opset
 _REDUCE = (
     "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
     "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
@@ -129,8 +129,8 @@ def _split(node: ir.Node, opset: int) -> None:
         node.attributes["num_outputs"] = ir.AttrInt64("num_outputs", len(node.outputs))
 
 
-# op -> (the opset whose form it is rewritten to, the rewrite): the form changed there and
-# nowhere after up to 23
+# op -> (the opset whose form it is rewritten to, the rewrite): its form changed there (blockers
+# checks that it means the same from there to the opset raised to)
 _UPGRADES: dict[str, tuple[int, Callable[[ir.Node, int], None]]] = {
     **{op: (18, _axes_to_input) for op in _REDUCE},
     "ReduceSum": (13, _axes_to_input),
@@ -144,11 +144,11 @@ def _nodes(container: ir.Graph | ir.Function) -> Iterator[ir.Node]:
     yield from ir.traversal.RecursiveGraphIterator(container)
 
 
-def blockers(model: ir.Model) -> list[str]:
-    """Why the model's opset cannot be raised to 23 ('' per op that changes meaning)."""
+def blockers(model: ir.Model, to: int = STANDARD_OPSET) -> list[str]:
+    """Why the model's opset cannot be raised to ``to`` (one entry per op that changes meaning)."""
     problems = set()
     for container, opset in _containers(model):
-        if opset >= STANDARD_OPSET:
+        if opset >= to:
             continue
         for node in _nodes(container):
             if node.domain not in DEFAULT_DOMAINS:
@@ -157,8 +157,10 @@ def blockers(model: ir.Model) -> list[str]:
                 continue
             upgrade = _UPGRADES.get(node.op_type)
             if upgrade is not None and opset < upgrade[0]:
-                continue  # rewritten by raise_opset
-            if not unchanged(node.op_type, opset):
+                old = upgrade[0]  # raise_opset rewrites it into that opset's form
+            else:
+                old = opset
+            if not unchanged(node.op_type, old, to):
                 problems.add(f"{node.op_type} (opset {opset})")
     return sorted(problems)
 
@@ -189,15 +191,14 @@ def one_default_import(model: ir.Model) -> None:
             _set_default(container.opset_imports, found)
 
 
-def raise_opset(model: ir.Model) -> None:
-    """Set the default opset to 23 (graph and functions), rewriting the ops whose form changed
-    (see :data:`_UPGRADES`)."""
+def raise_opset(model: ir.Model, to: int = STANDARD_OPSET) -> None:
+    """Set the default opset of the graph and functions below ``to`` to ``to``, rewriting the
+    ops whose form changed (see :data:`_UPGRADES`); newer ones stay as they are."""
     for container, opset in _containers(model):
-        if opset >= STANDARD_OPSET:
+        if opset >= to:
             continue
         for node in list(_nodes(container)):
             upgrade = _UPGRADES.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
             if upgrade is not None and opset < upgrade[0]:
                 upgrade[1](node, opset)
-        _set_default(container.opset_imports, STANDARD_OPSET)
-    _set_default(model.opset_imports, STANDARD_OPSET)
+        _set_default(container.opset_imports, to)

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from .. import op_schema
@@ -36,11 +37,13 @@ from .algebra import (
 from .canonical import PATTERN_TAG, SOURCE_TAG
 from .diagnose import where
 from .report import Skip
-from .values import FLOAT_TYPES, fits_normalized, one_plus_constant, rank
+from .values import FLOAT_TYPES, constant_array, fits_normalized, one_plus_constant, rank
 
+# the ops a norm is made of, and Q/DQ (walked through to say that they round the chain)
 WALK_OPS = frozenset(
-    {"Mul", "Div", "Reciprocal", "Sqrt", "Pow", "Add", "Cast", "CastLike", "Identity"}
-)
+    {"Mul", "Div", "Reciprocal", "Sqrt", "Pow", "Add", "Cast", "CastLike", "Identity",
+     "QuantizeLinear", "DequantizeLinear"}
+)  # fmt: skip
 _DEPTH = 12  # ops from the statistic to the norm's output: Add, Sqrt, Reciprocal, Mul, Cast, Mul...
 _COEF_TOLERANCE = 4e-7  # 1/N folded in float32 (1/768, 1/√N) rounds: a few ulp of 1 is 1
 # how sure a reason is that it says what differs (the report keeps the surest)
@@ -59,6 +62,7 @@ class Norm:
     outside: bool
     interior: list[ir.Node]
     label: str
+    coef: float = 1.0  # folded into a constant scale (Olive folds √N into the weight)
 
 
 @dataclasses.dataclass
@@ -110,7 +114,8 @@ def decide(value: ir.Value, read: Product | Miss, stat: ir.Node) -> Verdict:
     eps = term.eps if isinstance(term, Shifted) else 0.0
     label = _label(read, eps, outside, numerator is not x or x.dtype != ms.x.dtype)
     interior = [n for n in read.interior if n.graph is value.producer().graph]
-    return Verdict(Norm(value, x, scale, ms.axis, eps, outside, interior, label))
+    coef = 1.0 if abs(read.coef - 1.0) <= _COEF_TOLERANCE else read.coef
+    return Verdict(Norm(value, x, scale, ms.axis, eps, outside, interior, label, coef))
 
 
 def _factors(
@@ -150,12 +155,20 @@ def _factors(
     if len(others) > 1:
         names = ", ".join(f"'{v.name}'" for v, _ in others)
         raise _Not(f"more than one factor besides x ({names})", _SHAPE)
-    if abs(read.coef - 1.0) > _COEF_TOLERANCE:
+    scale = others[0][0] if others else None
+    if abs(read.coef - 1.0) > _COEF_TOLERANCE and (scale is None or _weight(scale) is None):
         why = f"the result is {read.coef:.6g} times an RMSNorm"
         if read.spelling.get("mean") == "ReduceSum":
             why = f"ReduceSum of a square is a sum, not a mean (no 1/n): {why}"
         raise _Not(why, _SURE)
-    return term, xs[0][0], others[0][0] if others else None
+    return term, xs[0][0], scale
+
+
+def _weight(scale: ir.Value) -> np.ndarray | None:
+    """The scale's values where it is a constant a coefficient can be folded into."""
+    if scale.dtype not in FLOAT_TYPES:
+        return None
+    return constant_array(scale)
 
 
 def _input(value: ir.Value, read: Product, numerator: ir.Value, ms: MeanSquare) -> ir.Value:
@@ -271,11 +284,15 @@ def rewrite(norm: Norm) -> ir.Node:
     producer = norm.value.producer()
     graph = producer.graph
     scale = _folded(norm.scale, graph, producer) if norm.scale is not None else None
+    if norm.coef != 1.0 and scale is not None:
+        scale = _constant(_weight(scale) * np.asarray(norm.coef), scale, graph, producer)
     attrs: dict[str, Any] = {"epsilon": float(norm.eps), "axis": int(norm.axis)}
     if norm.outside:
         attrs["eps_outside"] = 1
     label = norm.label
-    if scale is not None:
+    if scale is not None and norm.coef != 1.0:
+        label += f" +scale(x{norm.coef:.6g} folded)"
+    elif scale is not None:
         label += " +scale" if scale is norm.scale else " +scale(1+w folded)"
     inputs = [norm.x] if scale is None else [norm.x, scale]
     node = ir.node(
@@ -297,9 +314,12 @@ def rewrite(norm: Norm) -> ir.Node:
 def _folded(scale: ir.Value, graph: ir.Graph, before: ir.Node) -> ir.Value:
     """Gemma's ``1 + w`` with constant w as one constant (computed in w's type), else ``scale``."""
     array = one_plus_constant(scale)
-    if array is None:
-        return scale
-    folded = ir.tensor(array)
+    return scale if array is None else _constant(array, scale, graph, before)
+
+
+def _constant(array: np.ndarray, scale: ir.Value, graph: ir.Graph, before: ir.Node) -> ir.Value:
+    """A Constant node of ``array`` in the scale's type, inserted before ``before``."""
+    folded = ir.tensor(np.asarray(array).astype(scale.dtype.numpy()))
     constant = ir.node("Constant", [], attributes={"value": folded})
     value = constant.outputs[0]
     value.name = f"{scale.name}_folded"

@@ -1,42 +1,164 @@
-"""The forms a fused norm can be written in, and what each can express (DESIGN §4).
+"""The forms a fused norm can be written in (DESIGN §4): one :class:`Target` each, carrying its
+lowering and what it can express.
 
-``custom``      rmsnorm_onnx::RMSNorm / SkipRMSNorm: every variant.
+``custom``      rmsnorm_onnx::RMSNorm / SkipRMSNorm as they are: every variant.
 ``contrib``     ORT's SimplifiedLayerNormalization (registered in the default domain) and
-                com.microsoft::SkipSimplifiedLayerNormalization: epsilon inside the root only;
-                a bias becomes an Add after the op.
-``standard``    ONNX RMSNormalization (opset 23): epsilon inside only; a bias becomes an Add
-                after it, a residual an Add in front; X and the scale share a type.
+                com.microsoft::SkipSimplifiedLayerNormalization where its contract fits, else
+                Add + SimplifiedLayerNormalization: epsilon inside the root only; a bias becomes
+                an Add after the op.
+``standard``    ONNX RMSNormalization (opset 23; the model is raised to it): epsilon inside
+                only; a bias becomes an Add after it, a residual an Add in front; X and the
+                scale share a type.
 ``decomposed``  plain ONNX ops at the model's opset (the inverse of fusion): every variant.
 
-All compute half inputs in float32 (``stash_type=1``), as the Cast-wrapped exports do. Raising
-builds our ops; :func:`rmsnorm_onnx.fusion.lower.lower` then writes them in the target's form,
-one lowering per target.
+All compute half inputs in float32 (``stash_type=1``), as the Cast-wrapped exports do. A new
+target is one :class:`Target` in :data:`TARGETS` (and its name in
+:data:`rmsnorm_onnx.target_names.TARGETS` for the command line).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
-STANDARD_OPSET = 23
+import onnx_ir as ir
+
+from .. import target_names
+from ..op_schema import MS_DOMAIN, ONNX_NORM, OP_TYPE, ORT_NORM, ORT_SKIP_NORM
+from .dims import Dims
+from .lower import (
+    Builder,
+    Lowering,
+    Norm,
+    add_bias,
+    label,
+    outputs,
+    plain_ops,
+    residual,
+    typed_norm,
+)
+from .opset import STANDARD_OPSET
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
+    """One form: how a canonical norm is written in it, and what it can express (what it
+    cannot is written as plain ops, with the reason in the report)."""
+
     name: str
+    lowering: Lowering  # called with this target: one canonical norm -> the target's nodes
+    op_type: str | None  # the norm op it writes (our RMSNorm for custom); None: plain ops
     eps_outside: bool  # its form adds epsilon to the root (else such norms become plain ops)
-    op_type: str | None  # the norm op it writes; None: plain ops
-    mixed_types: bool  # its op accepts a half X with a float32 scale
+    mixed_types: bool = True  # its op accepts a half X with a float32 scale
+    # the default-domain opset its op needs: the model is raised to it where every op keeps its
+    # meaning there (model-level preparation), else those norms become plain ops
+    opset: int | None = None
 
 
-TARGETS = {
-    "custom": Target("custom", True, "RMSNorm", True),
-    "contrib": Target("contrib", False, "SimplifiedLayerNormalization", True),
-    "standard": Target("standard", False, "RMSNormalization", False),
-    "decomposed": Target("decomposed", True, None, True),
+def _custom(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
+    return list(n.node.outputs), n.node.op_type  # the node stays
+
+
+def _decomposed(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
+    return plain_ops(b, n)
+
+
+def _skip_op_misfit(n: Norm) -> str | None:
+    """Why ORT's SkipSimplifiedLayerNormalization cannot take this norm (its CPU kernel checks
+    these: ranks 2-3, skip matching X's last two dims, a 1-D gamma of X's type), or None."""
+    if n.x.shape is None or n.skip.shape is None:
+        return "the shape of X or skip is unknown"
+    x_dims, s_dims = list(n.x.shape), list(n.skip.shape)
+    if len(x_dims) not in (2, 3):
+        return f"X has rank {len(x_dims)}; the contrib skip op takes rank 2 or 3"
+    if n.axis not in (-1, len(x_dims) - 1):
+        return "it normalizes more than the last axis"
+    proof = Dims()  # numbers, one symbol, or the graph computing them from one tensor's dims
+    if len(s_dims) not in (2, 3) or not all(proof.equal(n.skip, k, n.x, k) for k in (-2, -1)):
+        return "skip's last two dims are not provably X's"
+    if len(x_dims) == 2 and len(s_dims) != 2:
+        return "skip broadcasts over a rank-2 X"
+    if n.dtype is None or n.skip.dtype != n.dtype:
+        return "the types of X and skip are unknown or differ"
+    if n.bias is not None and n.bias.dtype != n.dtype:  # it would be added after rounding Y
+        return "the bias's type differs from X's"
+    if n.scale is not None:
+        if n.scale.dtype != n.dtype:
+            return "the scale's type differs from X's"
+        if n.scale.shape is None or len(n.scale.shape) != 1 or not proof.equal(n.scale, 0, n.x, -1):
+            return "the scale is not a 1-D tensor of the hidden size"
+    return None
+
+
+def _skip_op(b: Builder, n: Norm) -> tuple[list[ir.Value], str]:
+    """com.microsoft::SkipSimplifiedLayerNormalization; its unread mean and inv_std_var left
+    unnamed."""
+    gamma = n.scale if n.scale is not None else b.ones(n.x, -1)
+    outs = b.tape.op_multi_out(
+        ORT_SKIP_NORM,
+        [n.x, n.skip, gamma],
+        {"epsilon": n.epsilon},
+        num_outputs=4 if n.wants_sum else 1,
+        domain=MS_DOMAIN,
+    )
+    b.domains.add(MS_DOMAIN)
+    b.unused += outs[1:3]
+    return outputs(n, add_bias(b, n, outs[0]), outs[-1]), label(n, ORT_SKIP_NORM)
+
+
+def _norm_op(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
+    """The target's norm op; a skip norm as Add + the op."""
+    if n.skip is None:
+        return [typed_norm(b, n, n.x, t.op_type, mixed_types=t.mixed_types)], label(n, t.op_type)
+    s = residual(b, n)
+    y = typed_norm(b, n, s, t.op_type, mixed_types=t.mixed_types)
+    return outputs(n, y, s), label(n, f"Add + {t.op_type}")
+
+
+def _contrib(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
+    if n.skip is None:
+        return _norm_op(t, b, n, notes)
+    why = _skip_op_misfit(n)
+    if why is None:
+        return _skip_op(b, n)
+    notes[f"SkipRMSNorm written as Add + {t.op_type}: {why}"] += 1
+    return _norm_op(t, b, n, notes)
+
+
+def _standard(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
+    if n.skip is not None:
+        notes[f"ONNX has no residual-add norm: each SkipRMSNorm became Add + {t.op_type}"] += 1
+    return _norm_op(t, b, n, notes)
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("custom", _custom, op_type=OP_TYPE, eps_outside=True),
+        Target("contrib", _contrib, op_type=ORT_NORM, eps_outside=False),
+        Target(
+            "standard",
+            _standard,
+            op_type=ONNX_NORM,
+            eps_outside=False,
+            mixed_types=False,
+            opset=STANDARD_OPSET,
+        ),
+        Target("decomposed", _decomposed, op_type=None, eps_outside=True),
+    )
 }
 
 
-def get(name: str) -> Target:
+def get(target: str | Target | None = None, *, for_runtime: str | None = None) -> Target:
+    """A target by name (default ``custom``), or the best one for ``for_runtime``
+    (:data:`rmsnorm_onnx.target_names.RUNTIMES`); a :class:`Target` is returned as it is."""
+    if for_runtime is not None:
+        if target is not None:
+            raise ValueError("give a target or a runtime, not both")
+        target = target_names.for_runtime(for_runtime)
+    if isinstance(target, Target):
+        return target
+    name = target_names.DEFAULT if target is None else target
     try:
         return TARGETS[name]
     except KeyError:

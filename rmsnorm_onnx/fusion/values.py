@@ -110,28 +110,6 @@ def _shape_text(dims: list[object] | None) -> str:
     )
 
 
-def adds_dims(const: ir.Value | None, x: ir.Value, min_rank: int) -> str | None:
-    """Why broadcasting constant ``const`` against ``x`` could add dims to the result, or None.
-
-    ``min_rank`` is the rank x is known to have at least (the reduced axes prove it) when its
-    shape is unknown: a constant of more dims would make the unfused output larger than x.
-    """
-    if const is None:
-        return None
-    array = constant_array(const, max_size=1)
-    ndim = array.ndim if array is not None else (len(const.shape) if const.shape else 0)
-    x_rank = rank(x)
-    bound = x_rank if x_rank is not None else min_rank
-    if ndim <= bound:
-        return None
-    if x_rank is None:
-        return (
-            f"constant '{const.name}' has {ndim} dims and the input's rank is unknown: "
-            "broadcasting could add dims"
-        )
-    return f"constant '{const.name}' has more dims than the input (it broadcasts)"
-
-
 def dim_tokens(value: ir.Value) -> tuple[object, ...] | None:
     """The value's dims as comparable tokens: ints, symbolic names, or a fresh object for an
     unknown dim (equal to nothing else); None when the rank is unknown."""

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import external_data_helper
 
 from .. import onnx_io, op_schema
 from ..compare import compare_arrays
@@ -35,7 +34,7 @@ def _data_folder(model: onnx.ModelProto, base_dir: Path) -> tuple[onnx.ModelProt
     reads them when given the file's path).
     """
     real = {}
-    for tensor in external_data_helper._get_all_tensors(model):
+    for tensor in onnx_io.all_tensors(model):
         for entry in tensor.external_data:
             if entry.key == "location":
                 real[entry.value] = os.path.realpath(base_dir / entry.value)
@@ -45,7 +44,7 @@ def _data_folder(model: onnx.ModelProto, base_dir: Path) -> tuple[onnx.ModelProt
     folder = os.path.commonpath([folder, *real.values()])
     moved = onnx.ModelProto()
     moved.CopyFrom(model)  # the caller's model is left as it was (its weights are references)
-    for tensor in external_data_helper._get_all_tensors(moved):
+    for tensor in onnx_io.all_tensors(moved):
         for entry in tensor.external_data:
             if entry.key == "location":
                 entry.value = os.path.relpath(real[entry.value], folder)

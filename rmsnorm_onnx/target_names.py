@@ -1,0 +1,63 @@
+"""The fusion pass's targets by name, and the measured best target per runtime, as data.
+
+Standard library only, so that ``rmsnorm-onnx fuse --help`` reads them without importing onnx
+(the ``rmsnorm_onnx.fusion`` package does). Each name is a :class:`rmsnorm_onnx.fusion.targets.Target`
+there, which carries its lowering; a test keeps the two lists equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT = "custom"
+
+# name -> what the target writes (one line for --help and the docs)
+TARGETS: dict[str, str] = {
+    "custom": "rmsnorm_onnx::RMSNorm / SkipRMSNorm: every variant",
+    "contrib": "onnxruntime's SimplifiedLayerNormalization / "
+    "com.microsoft::SkipSimplifiedLayerNormalization",
+    "standard": "ONNX RMSNormalization (opset 23)",
+    "decomposed": "plain ONNX ops at the model's opset",
+}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    target: str
+    why: str  # what was measured or checked: the help text says it
+
+
+# runtime -> the form that loads everywhere there and runs fastest (measured with
+# tools/runtime_matrix.py: onnxruntime 1.21 and 1.31, onnx's ReferenceEvaluator, OpenVINO CPU
+# 2026.4; RMSNorm and SkipRMSNorm 2048x4096 fp32 and the tiny LLaMA sample)
+RUNTIMES: dict[str, Runtime] = {
+    "onnxruntime": Runtime(
+        "custom",
+        "our kernels where our library is registered (the fastest form there); elsewhere "
+        "onnxruntime inlines the function bodies the file carries",
+    ),
+    "onnxruntime-no-library": Runtime(
+        "contrib",
+        "onnxruntime's own fused kernels: the fastest form without our library on 1.21 and "
+        "1.31 (standard does not load on 1.21)",
+    ),
+    "openvino": Runtime(
+        "contrib",
+        "OpenVINO turns every form into its one RMS node, and contrib loads without our extension",
+    ),
+    "reference": Runtime(
+        "decomposed",
+        "onnx's ReferenceEvaluator has no contrib ops; plain ops run at any opset, about twice "
+        "as fast as our ops' bodies",
+    ),
+}
+
+
+def for_runtime(runtime: str) -> str:
+    """The target to write for ``runtime`` (a key of :data:`RUNTIMES`)."""
+    try:
+        return RUNTIMES[runtime].target
+    except KeyError:
+        raise ValueError(
+            f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}"
+        ) from None
