@@ -1,8 +1,8 @@
 """The fusion pass's targets by name, and the measured best target per runtime, as data.
 
 Standard library only, so that ``rmsnorm-onnx fuse --help`` reads them without importing onnx
-(the ``rmsnorm_onnx.fusion`` package does). Each name is a :class:`rmsnorm_onnx.fusion.targets.Target`
-there, which carries its lowering; a test keeps the two lists equal.
+(the ``rmsnorm_onnx.fusion`` package does). Each name is a ``Target`` object in
+:mod:`rmsnorm_onnx.fusion.targets`, which carries its lowering; a test keeps the lists equal.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ class Runtime:
 RUNTIMES: dict[str, Runtime] = {
     "onnxruntime": Runtime(
         "custom",
-        "our kernels where our library is registered (the fastest form there); elsewhere "
+        "our kernels where our library is registered, the fastest form there; without it "
         "onnxruntime inlines the function bodies the file carries",
     ),
     "onnxruntime-no-library": Runtime(
         "contrib",
-        "onnxruntime's own fused kernels: the fastest form without our library on 1.21 and "
-        "1.31 (standard does not load on 1.21)",
+        "onnxruntime's own fused kernels, the fastest form without our library on 1.21 and "
+        "1.31; standard does not load on 1.21",
     ),
     "openvino": Runtime(
         "contrib",
@@ -47,8 +47,8 @@ RUNTIMES: dict[str, Runtime] = {
     ),
     "reference": Runtime(
         "decomposed",
-        "onnx's ReferenceEvaluator has no contrib ops; plain ops run at any opset, about twice "
-        "as fast as our ops' bodies",
+        "onnx's ReferenceEvaluator has no contrib ops; plain ops run there at any opset, "
+        "about twice as fast as our ops' bodies",
     ),
 }
 

@@ -13,7 +13,7 @@ from cli_support import run_cli
 from fusion_graphs import Variant, build
 from onnx import helper
 
-from rmsnorm_onnx import onnx_io
+from rmsnorm_onnx import onnx_io, target_names
 from rmsnorm_onnx.cli.main import main
 
 
@@ -218,3 +218,31 @@ def test_subprocess_error_exit_code(tmp_path: Path) -> None:
         f"rmsnorm-onnx: error: {tmp_path / 'absent.onnx'}: no such file"
     ]
     assert not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.parametrize("runtime", list(target_names.RUNTIMES))
+def test_for_runtime_writes_that_runtimes_pick(tmp_path: Path, capsys, runtime: str) -> None:
+    src = tmp_path / "model.onnx"
+    onnx_io.save_model(build(Variant()), src)
+    target = target_names.RUNTIMES[runtime].target
+    assert main(["fuse", str(src), str(tmp_path / "f.onnx"), "--for", runtime, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["target"] == target
+    assert main(["fuse", str(src), str(tmp_path / "t.onnx"), "--target", target, "-q"]) == 0
+    assert onnx.load(tmp_path / "f.onnx") == onnx.load(tmp_path / "t.onnx")
+
+
+def test_for_and_target_together_are_a_usage_error(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "model.onnx"
+    onnx_io.save_model(build(Variant()), src)
+    argv = ["fuse", str(src), str(tmp_path / "f.onnx"), "--for", "openvino", "--target", "custom"]
+    assert main(argv) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert _files(tmp_path) == ["model.onnx"]
+
+
+def test_help_says_each_runtimes_pick_and_why(capsys) -> None:
+    assert main(["fuse", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for name, pick in target_names.RUNTIMES.items():
+        assert f"{name} {pick.target}: {pick.why}" in text
+    assert "decomposed RMSNorm" not in text  # every form is read, not only plain ops

@@ -275,8 +275,8 @@ BAD_OPTIONS = {
 
 @pytest.mark.parametrize("case", list(BAD_OPTIONS), ids=list(BAD_OPTIONS))
 def test_bad_run_options_are_specific_one_line_errors(decomposed: Path, capsys, case: str) -> None:
-    """Issue 11 §9: each was an 'unexpected ...' error, a hang (4000 threads) or an attempt to
-    allocate terabytes; now a usage error that says what to change, before any allocation."""
+    """Each once gave an 'unexpected ...' error, a hang (4000 threads) or an attempt to allocate
+    terabytes: a usage error that says what to change, before any allocation."""
     from rmsnorm_onnx.cli.main import main
 
     args, message = BAD_OPTIONS[case]

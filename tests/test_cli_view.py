@@ -144,7 +144,7 @@ def _truncated(path: Path) -> None:
     "make", [_text, _garbage, _truncated], ids=["text", "garbage", "truncated"]
 )
 def test_view_refuses_what_is_not_onnx_before_serving(tmp_path: Path, make) -> None:
-    """Issue 11 §10: these were served to Netron without a word."""
+    """Refused with the loader's one-line error (they were once served to Netron without a word)."""
     path = tmp_path / "m.onnx"
     make(path)
     result = run_cli("view", path, "--no-browser", timeout=60)  # a server would not return

@@ -169,10 +169,37 @@ def test_every_norm_fuses(path: Path, target: str, fused, fused_library: str) ->
     assert sum(norm_ops(model, target).values()) == norms, where
 
 
+# Gaps known today, each expected to fail (strict: a fix makes the test fail until this goes).
+KNOWN_GAPS = {
+    ("residual", "tf2onnx_kerashub_"): (
+        "keras-hub's residual operands reach the Add through tf2onnx's EinsumDense spelling "
+        "(Unsqueeze, Reshape, Gemm, Reshape, Squeeze) and an embedding Gather whose dims neither "
+        "the graph prover nor onnxruntime's unmerged symbolic inference names alike"
+    ),
+    ("round-trip-contrib", "tf2onnx_kerashub_"): (
+        "the contrib form of keras-hub files leaves residual Adds in front of "
+        "SimplifiedLayerNormalization (see the residual gap), and their untyped outputs"
+    ),
+    ("residual-contrib", "olive_l2norm_llama_ones"): (
+        "contrib's SkipSimplifiedLayerNormalization takes a 1-D gamma only; this file's weight "
+        "is not 1-D, so the residual stays an Add in front of SimplifiedLayerNormalization"
+    ),
+}
+
+
+def _known_gap(request, kind: str, path: Path) -> None:
+    for (gap, prefix), why in KNOWN_GAPS.items():
+        if gap == kind and path.name.startswith(prefix):
+            request.applymarker(pytest.mark.xfail(strict=True, reason=why))
+
+
 @pytest.mark.parametrize("target", list(NORM_OPS))
 def test_every_residual_site_is_a_skip_norm(
-    path: Path, target: str, fused, fused_library: str
+    request, path: Path, target: str, fused, fused_library: str
 ) -> None:
+    _known_gap(request, "residual", path)
+    if target == "contrib":
+        _known_gap(request, "residual-contrib", path)
     model, report = fused(path, target)
     left = unabsorbed_residuals(model, target)
     assert left == [], f"{path.name} -> {target}: {left}\n{report.summary(verbose=True)}"
@@ -187,7 +214,11 @@ def test_fused_outputs_equal_the_original(
 
 
 @pytest.mark.parametrize("via", ["contrib", "decomposed"])
-def test_round_trip_keeps_every_norm(path: Path, via: str, fused, fused_library: str) -> None:
+def test_round_trip_keeps_every_norm(
+    request, path: Path, via: str, fused, fused_library: str
+) -> None:
+    if via == "contrib":
+        _known_gap(request, "round-trip-contrib", path)
     norms = sidecar(path)["norms"]
     first, _ = fused(path, "custom")
     kinds = norm_ops(first, "custom")

@@ -407,7 +407,7 @@ def test_rules_whose_pattern_is_hidden_are_tried_at_every_node(monkeypatch):
 
 def _unknown_rank_with(op_type: str, k: int, position: int, value: float):
     """x's shape dropped; the constant at input ``position`` of the k-th ``op_type`` node becomes
-    a [1, 1] tensor of ``value`` (issue 11 §6)."""
+    a [1, 1] tensor of ``value``."""
 
     def f(m):
         m.graph.input[0].type.tensor_type.ClearField("shape")
@@ -427,7 +427,7 @@ UNKNOWN_RANK_BROADCAST = {
 @pytest.mark.parametrize("target", ["custom", "contrib", "standard"])
 @pytest.mark.parametrize("case", list(UNKNOWN_RANK_BROADCAST))
 def test_constant_that_could_add_dims_blocks_fusion_at_unknown_rank(case, target) -> None:
-    """A rank-1 x gives [1, 16] unfused; fusing would give [16] (issue 11 §6)."""
+    """A rank-1 x gives [1, 16] unfused; fusing would give [16]."""
     mutate, v = UNKNOWN_RANK_BROADCAST[case]
     model = build(v)
     mutate(model)

@@ -3,9 +3,9 @@
 - Exports of tiny Hugging Face models (test_fusion_hf_corpus's, cached per session): every
   residual Add -> norm of the original, counted here without the pass, becomes one SkipRMSNorm;
   the sum's other readers (the next residual) read its output 1; the result passes onnx's full
-  check and matches the original in onnxruntime (issue 10).
+  check and matches the original in onnxruntime.
 - optimum's merged decoder, as a hand-built look-alike: an If whose two branches reuse one
-  tensor name for tensors of different rank, a norm in each (issue 11 §7).
+  tensor name for tensors of different rank, a norm in each.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The residual Add in front of a norm becomes one SkipRMSNorm (issue 10 §3): operands in either
+"""The residual Add in front of a norm becomes one SkipRMSNorm: operands in either
 order, a skip that broadcasts over leading dims, through fp16 Casts, with the sum read elsewhere
 (also before the norm) or a graph output; and the Adds that must stay, each with its reason."""
 

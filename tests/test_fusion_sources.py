@@ -1,6 +1,6 @@
 """Norm ops other tools write (ORT's SimplifiedLayerNormalization and its Skip form, ONNX
 RMSNormalization) and ours are raised to our canonical ops: converted and equal to what
-onnxruntime computed for the original, or left alone with the reason (issue 12)."""
+onnxruntime computed for the original, or left alone with the reason."""
 
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ def test_ours_are_canonical_already() -> None:
 
 
 def test_norm_ops_inside_if_branches_are_raised() -> None:
-    """SimplifiedLayerNormalization in one branch, the skip op in the other (issue 12)."""
+    """SimplifiedLayerNormalization in one branch, the skip op in the other: both raised."""
     sln = norm_model(SLN, F32, F32).graph
     skip = skip_model(F32).graph
     out = [helper.make_tensor_value_info("y", F32, SHAPE)]

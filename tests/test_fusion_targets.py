@@ -1,16 +1,31 @@
 """The targets on decomposed graphs: each op used where its semantics match, the rest written as
-plain ops with a reason (lowering of every canonical form: test_fusion_lower.py)."""
+plain ops with a reason (lowering of every canonical form: test_fusion_lower.py); a new target
+defined in one place (a test-only one) works end to end."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import onnx
 import pytest
-from fusion_graphs import Variant, build, expected, feeds, op_types, run
+from fusion_graphs import (
+    Residual,
+    Variant,
+    build,
+    expected,
+    feeds,
+    op_types,
+    residual_feeds,
+    run,
+    with_residual,
+)
 from onnx import helper
+from onnx.reference import ReferenceEvaluator
 
 from rmsnorm_onnx import op_schema
-from rmsnorm_onnx.fusion import fuse
+from rmsnorm_onnx.fusion import Target, fuse, fuse_file, targets
+from rmsnorm_onnx.fusion.lower import Builder, Norm, plain_ops
 from rmsnorm_onnx.fusion.opset import unchanged
 from rmsnorm_onnx.reference import tolerance
 
@@ -138,3 +153,49 @@ def test_standard_writes_plain_ops_where_opset_23_would_change_other_ops() -> No
 def test_unknown_target_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown target"):
         fuse(build(Variant()), target="fast")
+
+
+def _plain_renamed(t: Target, b: Builder, n: Norm, notes: Counter[str]):
+    notes[f"written by target '{t.name}'"] += 1  # the target handed in, not a looked-up one
+    return plain_ops(b, n)
+
+
+# A target defined in one place: this object, added to the registry by the fixture below.
+PLAIN_RENAMED = Target("plain-renamed", _plain_renamed, op_type=None, eps_outside=True)
+
+
+@pytest.fixture
+def plain_renamed(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setitem(targets.TARGETS, PLAIN_RENAMED.name, PLAIN_RENAMED)
+    return PLAIN_RENAMED.name
+
+
+@pytest.mark.parametrize(
+    "v", [Variant(), Variant(dtype=F16, cast="before-scale")], ids=lambda v: v.id
+)
+def test_a_target_registered_in_one_place_fuses_and_runs(plain_renamed, tmp_path, v) -> None:
+    """A new target is one Target object: fuse_file takes it by name, writes its form, and
+    onnxruntime (no library needed) and onnx's evaluator run the file."""
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    r = Residual(read="after")  # a skip norm whose sum is read
+    onnx.save(with_residual(v, r), src)
+    report = fuse_file(src, out, target=plain_renamed, verify=True)
+    assert report.target == plain_renamed and report.verified is True
+    assert report.fused_count == 1 and report.with_skip == 1
+    assert report.written == {"plain ops": 1}
+    assert f"written by target '{plain_renamed}' (1 norm(s))" in report.notes
+    fused = onnx.load(out)
+    assert {o.domain for o in fused.opset_import} == {""}  # none of ours, no function bodies
+    assert not fused.functions
+    onnx.checker.check_model(fused, full_check=True)
+    inputs = residual_feeds(v, r)
+    want = expected(v, {"x": (inputs["a"].astype(np.float64) + inputs["skip"]).astype(v.dtype)})
+    rtol, atol = tolerance(v.dtype)
+    for got in (run(fused, inputs), ReferenceEvaluator(fused).run(None, inputs)):
+        np.testing.assert_allclose(got[0].astype(np.float64), want, rtol=rtol, atol=atol)
+
+
+def test_fuse_takes_a_target_object_unregistered() -> None:
+    fused, report = fuse(build(Variant()), target=PLAIN_RENAMED)
+    assert report.target == PLAIN_RENAMED.name and report.written == {"plain ops": 1}
+    assert "ReduceMean" in op_types(fused)

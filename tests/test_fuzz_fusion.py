@@ -1,4 +1,4 @@
-"""Fuzzing the fusion pass (issue 6 §1): it never changes what a model computes.
+"""Fuzzing the fusion pass: it never changes what a model computes.
 
 Hypothesis draws a decomposed RMSNorm in any spelling the pass supports (square as Pow or Mul,
 axes as attribute or input, positive or negative and in any order, epsilon inside/outside/none
@@ -432,7 +432,7 @@ def test_norm_without_scale_at_opset_13_fuses_into_a_valid_model(target: str) ->
     check_property(_NO_SCALE_OPSET_13, target)
 
 
-# Near misses of the residual Add in front of a norm (issue 10): a constant operand, a skip that
+# Near misses of the residual Add in front of a norm: a constant operand, a skip that
 # broadcasts where SkipRMSNorm does not accept it, the sum read before or after the norm or a
 # graph output, either operand order, fp32 and fp16 (Cast-wrapped). Fused exactly when
 # reference.skip_fits says the skip fits and both operands are activations, and then equal;

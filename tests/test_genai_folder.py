@@ -233,7 +233,7 @@ def test_cli_folder_errors_are_one_line(tmp_path: Path, genai_dir: Path) -> None
     assert proc.returncode == 2 and "IN is a folder" in proc.stderr, proc.stderr
 
 
-# --- the builder's norms in the cases a conversion must respect (issue 12) ---
+# --- the builder's norms in the cases a conversion must respect ---
 
 TARGETS = ("custom", "standard", "decomposed")
 

@@ -1,4 +1,4 @@
-"""Hostile files through the CLI (issue 6 §3): refuse with one line, touch nothing.
+"""Hostile files through the CLI: refuse with one line, touch nothing.
 
 Every case is a folder ``<case>/in/`` holding the hostile model (and what it refers to) and an
 empty ``<case>/out/``. ``rmsnorm-onnx fuse IN out/fused.onnx`` and ``rmsnorm-onnx run IN

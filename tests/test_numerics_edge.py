@@ -1,4 +1,4 @@
-"""Numerical edge cases through every path (issue 6 §4).
+"""Numerical edge cases through every path.
 
 Paths: the float64 reference (the definition), the torch module (eager), the CPU kernel (our
 library in ORT), the CUDA kernel's source under host emulation, and a decomposed graph fused by
@@ -109,7 +109,7 @@ CASES: dict[str, Case] = {
     "large-with-inf": Case((_row([1e30, math.inf, -2e25]), NORMAL), large=True),
     "large-with-nan": Case((_row([1e30, math.nan, -2e25]), NORMAL), large=True),
 }
-# Paths that recompute a row whose float32 sum of squares overflows (issue 11 item 4). The CUDA
+# Paths that recompute a row whose float32 sum of squares overflows. The CUDA
 # kernel's rescue is its own (cuda/rmsnorm_kernel.h); False holds its emulation to float32 math.
 CUDA_RESCUES_LARGE_ROWS = True
 RESCUES_LARGE_ROWS = {"cpu", "fused"} | ({"cuda_emulated"} if CUDA_RESCUES_LARGE_ROWS else set())

@@ -1,4 +1,4 @@
-"""Where ``fuse`` may write (issue 11 §2, §3, §11): never over a file IN depends on, never over a
+"""Where ``fuse`` may write: never over a file IN depends on, never over a
 device, FIFO or socket; through a symlink to a regular file; temp files of killed runs are
 recognisable and removed by the next run into their folder.
 """
@@ -57,7 +57,7 @@ def _refused(capsys, argv: list[str], root: Path, message: str) -> None:
     assert _snapshot(root) == before, "a file was written, replaced or left behind"
 
 
-# --- §2: OUT is never a file IN depends on ------------------------------------------------------
+# --- OUT is never a file IN depends on ------------------------------------------------------
 
 
 def test_out_is_the_inputs_external_data_file(tmp_path: Path, capsys) -> None:
@@ -124,7 +124,7 @@ def test_the_control_fuses_beside_and_elsewhere(tmp_path: Path, capsys) -> None:
     assert (tmp_path / "out" / "f.onnx.data").is_file()
 
 
-# --- §3: no special files; symlinks written through -------------------------------------------
+# --- no special files; symlinks written through -------------------------------------------
 
 
 def _fifo(path: Path) -> None:
@@ -201,7 +201,7 @@ def test_out_in_a_folder_that_cannot_be_written(tmp_path: Path, capsys) -> None:
     assert len(err) == 1 and "/proc/rmsnorm_onnx_test.onnx" in err[0], err
 
 
-# --- §11: temp files of killed runs -------------------------------------------------------------
+# --- temp files of killed runs -------------------------------------------------------------
 
 
 def _dead_pid() -> int:

@@ -110,7 +110,7 @@ def test_options_and_kwargs_are_passed_on():
 
 def test_session_leaves_the_callers_options_alone():
     """session() registers the library on a copy: the caller's options can be used again, with
-    session() or with their own registration (issue 11 §8: the second call used to fail)."""
+    session() or with their own registration (the second call once failed)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC

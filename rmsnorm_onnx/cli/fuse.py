@@ -1,23 +1,23 @@
-"""``rmsnorm-onnx fuse``: replace every decomposed RMSNorm of an ONNX file by one op."""
+"""``rmsnorm-onnx fuse``: write every RMSNorm of an ONNX file, in any form, in one target form."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
+from .. import target_names
 from ..errors import UsageError
 from . import console
 
-# fusion.targets.TARGETS, spelled out: --help must not import onnx (a test keeps them equal)
-TARGET_CHOICES = ("custom", "contrib", "standard", "decomposed")
-
 EPILOG = """\
 examples:
-  rmsnorm-onnx fuse model.onnx model_fused.onnx               # our op (rmsnorm_onnx::RMSNorm)
+  rmsnorm-onnx fuse model.onnx model_fused.onnx               # our op, with its function bodies
   rmsnorm-onnx fuse model.onnx -o fused.onnx --target contrib # ORT SimplifiedLayerNormalization
-  rmsnorm-onnx fuse model.onnx fused.onnx --target standard   # ONNX RMSNormalization, opset 23
+  rmsnorm-onnx fuse model.onnx fused.onnx --for openvino      # the best form for OpenVINO
+  rmsnorm-onnx fuse fused.onnx plain.onnx --target decomposed # back to plain ONNX ops
   rmsnorm-onnx fuse big.onnx out/big.onnx --verify --json     # check in ORT, report as JSON
   rmsnorm-onnx fuse model.onnx --in-place                     # rewrite the graph of model.onnx
   rmsnorm-onnx fuse llama-genai/ llama-genai-fused/           # onnxruntime-genai model folder
@@ -29,16 +29,35 @@ links, onnxruntime reads them). OUT is written atomically.
 """
 
 
+def _target_help() -> str:
+    lines = "; ".join(f"{name}: {what}" for name, what in target_names.TARGETS.items())
+    return f"the form every norm is written in: {lines} (default: {target_names.DEFAULT})"
+
+
+def _runtimes_epilog() -> str:
+    """Each runtime's pick and why, for the epilog (measured with tools/runtime_matrix.py)."""
+    width = max(len(name) for name in target_names.RUNTIMES) + 2
+    lines = ["--for RUNTIME writes the form measured best there (function bodies stay on):"]
+    for name, pick in target_names.RUNTIMES.items():
+        text = textwrap.wrap(f"{pick.target}: {pick.why}", 96 - width)
+        lines += [f"  {name:<{width}}{text[0]}", *(" " * (width + 2) + t for t in text[1:])]
+    return "\n".join(lines) + "\n"
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "fuse",
-        help="fuse every decomposed RMSNorm of an ONNX file into one op",
+        help="write every RMSNorm of an ONNX file as one op (or in another form)",
         description=(
-            "Find every RMSNorm spelled out in ONNX ops (Pow/ReduceMean/Sqrt/Reciprocal/Div, "
-            "Casts, scale, bias; from torch's exporters and others) and replace it with one op. "
-            "Prints what was fused per pattern and what was skipped per reason."
+            "Find every RMSNorm of an ONNX file in whatever form it is written (plain ops from "
+            "torch's exporters, tf2onnx, jax2onnx, paddle2onnx and others; onnxruntime's "
+            "SimplifiedLayerNormalization ops; ONNX RMSNormalization; ours), absorb the residual "
+            "Add in front of it, and write each in one target form: our op (with its ONNX "
+            "function bodies, so the file also runs without our library), onnxruntime's, "
+            "ONNX's, or plain ops; --for picks the form for a runtime. Prints what was fused "
+            "per pattern and what was skipped per reason."
         ),
-        epilog=EPILOG,
+        epilog=EPILOG + "\n" + _runtimes_epilog(),
         formatter_class=console.HelpFormatter,
     )
     p.add_argument(
@@ -50,14 +69,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "output", metavar="OUT", nargs="?", help="where to write the fused model (or folder)"
     )
     p.add_argument("-o", "--output", dest="output_opt", metavar="OUT", help="same as OUT")
-    p.add_argument(
-        "--target",
-        choices=TARGET_CHOICES,
-        default="custom",
-        help="custom: rmsnorm_onnx::RMSNorm / SkipRMSNorm (every variant); contrib: "
-        "onnxruntime's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization; "
-        "standard: ONNX RMSNormalization (opset 23); decomposed: plain ONNX ops at the model's "
-        "opset (default: %(default)s)",
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--target", choices=tuple(target_names.TARGETS), help=_target_help())
+    form.add_argument(
+        "--for",
+        dest="for_runtime",
+        metavar="RUNTIME",
+        choices=tuple(target_names.RUNTIMES),
+        help="write the form measured best for RUNTIME instead of naming a target (see below)",
     )
     p.add_argument(
         "--verify",
@@ -70,8 +89,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--no-function-bodies",
         dest="function_bodies",
         action="store_false",
-        help="write our ops bare, without their definition as ONNX functions (with it, OUT "
-        "also runs where our library is not registered)",
+        help="where OUT holds our ops: write them bare, without their definition as ONNX "
+        "functions (with it, OUT also runs where our library is not registered)",
     )
     p.add_argument(
         "--in-place", action="store_true", help="allow OUT to be IN (or omit OUT) and rewrite it"
@@ -109,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
     from ..fusion import fuse_file
 
     out = _output(args)
+    if args.for_runtime is not None:
+        target = target_names.for_runtime(args.for_runtime)
+    else:
+        target = args.target or target_names.DEFAULT
     if Path(args.input).is_dir():  # an onnxruntime-genai model folder
         from ..genai_folder import fuse_folder
 
@@ -117,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         report = fuse_folder(
             args.input,
             out,
-            target=args.target,
+            target=target,
             verify=args.verify,
             weights=args.weights,
             function_bodies=args.function_bodies,
@@ -126,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         report = fuse_file(
             args.input,
             out,
-            target=args.target,
+            target=target,
             verify=args.verify,
             in_place=args.in_place,
             weights=args.weights,

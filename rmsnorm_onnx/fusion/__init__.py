@@ -21,7 +21,7 @@ from onnx import defs
 
 from .. import onnx_io, op_functions, op_schema
 from ..errors import InvalidModelError, UsageError
-from . import external, functions, inline, opset, preserve, raising, targets, wellformed
+from . import external, functions, inline_weights, opset, preserve, raising, targets, wellformed
 from .lower import lower
 from .report import FuseReport, Skip
 from .targets import TARGETS, Target
@@ -34,7 +34,7 @@ _MIN_OPSET = 7  # Pow/Sqrt/Reciprocal/ReduceMean with today's broadcasting
 def _read(model_or_path: onnx.ModelProto | str | os.PathLike[str]):
     if isinstance(model_or_path, onnx.ModelProto):
         return model_or_path, None
-    if isinstance(model_or_path, inline.Split):  # fuse_file's: read once, weights left in IN
+    if isinstance(model_or_path, inline_weights.WeightsInFile):  # fuse_file's, read once
         path, proto = model_or_path.path, model_or_path.proto
     else:
         path = Path(model_or_path)
@@ -164,7 +164,7 @@ def fuse_file(
     out = onnx_io.output_target(dst_path)  # no device, FIFO, socket, folder; symlinks followed
     # Large weights stored inside IN stay there as byte ranges, streamed to OUT, never parsed
     # (parsing a model into Python objects costs about five times the file in memory).
-    source = inline.read(src_path)
+    source = inline_weights.read(src_path)
     external.check_output(source.proto, src_path, out, in_place=in_place, split=source)
     model, report = fuse(
         source,

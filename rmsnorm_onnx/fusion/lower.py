@@ -25,8 +25,8 @@ import onnx_ir.passes.common
 from .. import op_schema
 from ..errors import InvalidModelError
 from . import canonical, opset
-from .report import PLAIN, FuseReport
 from .driver import all_nodes, containers
+from .report import PLAIN, FuseReport
 from .values import static_dims
 
 if TYPE_CHECKING:

@@ -156,11 +156,9 @@ def blockers(model: ir.Model, to: int = STANDARD_OPSET) -> list[str]:
             if node.op_type in (op_schema.ORT_NORM, op_schema.ONNX_NORM):
                 continue
             upgrade = _UPGRADES.get(node.op_type)
-            if upgrade is not None and opset < upgrade[0]:
-                old = upgrade[0]  # raise_opset rewrites it into that opset's form
-            else:
-                old = opset
-            if not unchanged(node.op_type, old, to):
+            # an op raise_opset rewrites is in the form of its upgrade's opset from there
+            since = upgrade[0] if upgrade is not None and opset < upgrade[0] else opset
+            if not unchanged(node.op_type, since, to):
                 problems.add(f"{node.op_type} (opset {opset})")
     return sorted(problems)
 

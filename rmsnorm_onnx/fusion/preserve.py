@@ -1,4 +1,4 @@
-"""What the pass keeps of its input (issue 11 §7): the declared value types, the IR version.
+"""What the pass keeps of its input: the declared value types, the IR version.
 
 Matching runs on shapes onnx infers, but those stay internal: written back, they can contradict
 each other where a model reuses a name across subgraphs (optimum's merged decoder does, for a 1-D

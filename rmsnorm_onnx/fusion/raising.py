@@ -35,8 +35,10 @@ def _norms(model: ir.Model) -> list[ir.Node]:
 
 def canonicalize(model: ir.Model, report: FuseReport, proto: onnx.ModelProto | None = None) -> None:
     """Raise every norm of ``model`` (in place) to our ops; fill the report's raise half.
-    ``proto``, the model read, lets the residual rule ask for symbolic shapes where needed."""
-    types.fill(model, proto)  # com.microsoft outputs, TorchScript intermediates: ORT knows them
+    ``proto``, the model read, is where onnxruntime's symbolic inference finds the types and
+    shapes onnx's leaves unknown."""
+    inferred = types.Inferred(proto)
+    types.fill(model, inferred)  # com.microsoft outputs, TorchScript intermediates: ORT knows them
     sources.tag_ours(driver.all_nodes(model))
     source_rules = sources.rules()
     driver.apply(model, source_rules, [n for n in driver.all_nodes(model) if sources.is_source(n)])
@@ -59,7 +61,7 @@ def canonicalize(model: ir.Model, report: FuseReport, proto: onnx.ModelProto | N
         onnxscript.optimizer.remove_unused_nodes(model)
         _drop_unused_subgraph_initializers(model)
 
-    residual = skip.rules()
+    residual = skip.rules(inferred)
     report.with_skip = driver.apply(model, residual, _norms(model))
     if report.with_skip:
         skip.sort(model)

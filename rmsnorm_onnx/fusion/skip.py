@@ -1,4 +1,4 @@
-"""The residual Add in front of a norm, absorbed into SkipRMSNorm (issue 10 §3)::
+"""The residual Add in front of a norm, absorbed into SkipRMSNorm::
 
     h = Add(a, b);  y = RMSNorm(h, scale?, bias?)   ->   y, h = SkipRMSNorm(X, skip, scale?, bias?)
 
@@ -25,6 +25,7 @@ from ..reference import skip_fits
 from .dims import Dims
 from .driver import containers
 from .patterns import Fused, emit
+from .types import Inferred
 from .values import dim_tokens
 
 LABEL = " +residual Add"
@@ -41,11 +42,16 @@ def _text(value: ir.Value) -> str:
 
 
 def x_and_skip(
-    a: ir.Value, b: ir.Value, axis: int, dims: Dims | None = None
+    a: ir.Value,
+    b: ir.Value,
+    axis: int,
+    dims: Dims | None = None,
+    inferred: Inferred | None = None,
 ) -> tuple[ir.Value, ir.Value] | str:
     """(X, skip) for SkipRMSNorm from the Add's operands, or why they do not fit. Where the
     declared or inferred shapes prove nothing, ``dims`` proves dims equal from how the graph
-    computes them."""
+    computes them, and ``inferred`` (main graph only) compares the shapes onnxruntime's symbolic
+    inference computes for both (without merging symbols, so equal names are equal dims)."""
     for value in (a, b):
         if _constant(value):
             return f"the Add has a constant operand '{value.name}': a bias, not a residual"
@@ -56,6 +62,8 @@ def x_and_skip(
     shapes = [(dim_tokens(a), dim_tokens(b))]
     if dims is not None:
         shapes.append(dims.aligned(a, b) or (None, None))
+    if inferred is not None:
+        shapes.append((inferred.tokens(a), inferred.tokens(b)))
     for ta, tb in shapes:
         if ta is None or tb is None:
             continue
@@ -77,9 +85,11 @@ def x_and_skip(
 class ResidualAdd(pattern.RewriteRuleClassBase):
     """RMSNorm(Add(a, b), ...) -> SkipRMSNorm(X, skip, ...), S replacing the sum if it is read."""
 
-    def __init__(self, keep_sum: bool, dims: Dims | None = None) -> None:
+    def __init__(
+        self, keep_sum: bool, dims: Dims | None = None, inferred: Inferred | None = None
+    ) -> None:
         super().__init__(name="residual Add" + (" (sum read)" if keep_sum else ""))
-        self.keep_sum, self.dims = keep_sum, dims
+        self.keep_sum, self.dims, self.inferred = keep_sum, dims, inferred
         self._order: tuple[ir.Value, ir.Value] | None = None
 
     def pattern(self, op, a, b):
@@ -92,7 +102,8 @@ class ResidualAdd(pattern.RewriteRuleClassBase):
     def check(self, context, a, b, normed, **_):
         result = pattern.MatchResult()
         axis = normed.producer().attributes.get_int("axis", op_schema.DEFAULT_AXIS)
-        found = x_and_skip(a, b, axis, self.dims)
+        main = context.graph_or_function is context.model.graph
+        found = x_and_skip(a, b, axis, self.dims, self.inferred if main else None)
         if isinstance(found, str):
             return result.fail(found, normed.producer().inputs[0])
         self._order = found
@@ -113,11 +124,11 @@ class ResidualAdd(pattern.RewriteRuleClassBase):
         )
 
 
-def rules() -> list[pattern.RewriteRule]:
+def rules(inferred: Inferred | None = None) -> list[pattern.RewriteRule]:
     """Without S first: S only where the sum is read elsewhere or is a graph output. The two
     share what they proved about dims."""
     dims = Dims()
-    return [ResidualAdd.rule(False, dims), ResidualAdd.rule(True, dims)]
+    return [ResidualAdd.rule(False, dims, inferred), ResidualAdd.rule(True, dims, inferred)]
 
 
 def sort(model: ir.Model) -> None:

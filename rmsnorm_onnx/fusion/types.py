@@ -44,21 +44,49 @@ def _is_source(node: ir.Node) -> bool:
     return (node.domain, node.op_type) in SOURCE_OPS
 
 
-def fill(model: ir.Model, proto: onnx.ModelProto | None) -> int:
-    """Set the element type of the main graph's untyped values near a norm from onnxruntime's
-    symbolic shape inference of ``proto`` (the model as read); returns how many were set."""
+class Inferred:
+    """onnxruntime's symbolic shape inference of the model as read, run at most once, when first
+    asked. Its symbols are its own (it keeps the file's and names the rest): its shapes are
+    compared with each other only, never with onnx's."""
+
+    def __init__(self, proto: onnx.ModelProto | None) -> None:
+        self.proto = proto
+        self._known: dict[str, onnx.ValueInfoProto] | None = None
+
+    def known(self) -> dict[str, onnx.ValueInfoProto]:
+        if self._known is None:
+            self._known = {}
+            if self.proto is not None:
+                try:
+                    self._known = _ort_inference(self.proto)
+                except Exception as e:  # an op it cannot follow: nothing more is known
+                    _log.debug("symbolic shape inference failed: %s", e)
+        return self._known
+
+    def tokens(self, value: ir.Value) -> tuple[object, ...] | None:
+        """The value's dims as ORT infers them (ints, ``ort:`` symbols, or a fresh object for a
+        dim it could not name), by the value's name; None where it has no shape for it."""
+        info = self.known().get(value.name or "")
+        if info is None or not info.type.tensor_type.HasField("shape"):
+            return None
+        return tuple(
+            d.dim_value if d.HasField("dim_value") else (f"ort:{d.dim_param}" if d.dim_param
+                                                          else object())
+            for d in info.type.tensor_type.shape.dim
+        )  # fmt: skip
+
+
+def fill(model: ir.Model, inferred: Inferred) -> int:
+    """Set the element type (and a missing shape) of the main graph's values near a norm from
+    onnxruntime's symbolic shape inference; returns how many were set."""
     missing = _untyped(model)
-    if not missing or proto is None:
+    if not missing:
         return 0
-    try:
-        known = _ort_inference(proto)
-    except Exception as e:  # an op it cannot follow: nothing more is known
-        _log.debug("symbolic shape inference failed: %s", e)
-        return 0
-    table = {}
-    for name, info in known.items():
-        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
-            table[name] = info
+    table = {
+        name: info
+        for name, info in inferred.known().items()
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type
+    }
     count = 0
     for value in {id(v): v for v in missing}.values():
         info = table.get(value.name or "")
