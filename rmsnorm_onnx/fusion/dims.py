@@ -209,11 +209,6 @@ class Dims:
                 dims.append((None, self.tokens(v, axis - (batch - r), depth)))
         return self._broadcast(dims, batch, axis, depth)
 
-    def _qlinear_matmul(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
-        a, b = node.inputs[0], node.inputs[3]  # a, a_scale, a_zero, b, ...
-        proxy = ir.Node("", "MatMul", [a, b], num_outputs=1)
-        return self._matmul(proxy, out, rank, axis, depth)
-
     def _transpose(self, node: ir.Node, out: int, rank: int, axis: int, depth: int):
         perm = node.attributes.get_ints("perm", None)
         perm = list(perm) if perm is not None else list(range(rank))[::-1]
@@ -385,7 +380,6 @@ class Dims:
 _RULES = {
     "MatMul": Dims._matmul,
     "MatMulInteger": Dims._matmul,  # quantize_dynamic's MatMul
-    "QLinearMatMul": Dims._qlinear_matmul,
     "Transpose": Dims._transpose,
     "Gather": Dims._gather,
     "Unsqueeze": Dims._unsqueeze,
