@@ -1,8 +1,10 @@
-"""Sample models: the seeds' standalone RMSNorm layer and a tiny LLaMA-style language model.
+"""Sample models (the seeds' standalone RMSNorm layer, a tiny LLaMA-style language model) and
+the one export path of the command line, the demo and ``tools/make_models.py``.
 
 Each factory returns ``(model, example_args)`` with deterministic weights (a fixed seed, the
-global RNG untouched); :func:`write_sample_models` exports them into ``models/``
-(``python tools/make_models.py --out models``).
+global RNG untouched). :func:`export_model` exports any model (cast to a dtype first),
+:func:`export_sample` a sample by name, :func:`write_sample_models` every sample in every form
+into ``models/`` (``python tools/make_models.py --out models``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -18,10 +21,15 @@ from torch import nn
 
 from .torch_module import EXPORT_MODES, RMSNorm
 
+if TYPE_CHECKING:
+    import onnx
+
 __all__ = [
     "OUTPUT_NAMES",
     "SAMPLES",
     "TinyLlama",
+    "export_model",
+    "export_sample",
     "get_sample",
     "rmsnorm_layer",
     "tiny_llama",
@@ -131,13 +139,41 @@ SAMPLES: dict[str, Callable[..., tuple[nn.Module, tuple[torch.Tensor, ...]]]] = 
 OUTPUT_NAMES = {"rmsnorm-layer": ["y"], "tiny-llama": ["logits"]}
 
 
-def get_sample(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+def get_sample(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """``(model, example_args)`` of a sample by name (see :data:`SAMPLES`)."""
     from .errors import UsageError
 
     if name not in SAMPLES:
         raise UsageError(f"unknown sample {name!r}; known: {', '.join(SAMPLES)}")
-    return SAMPLES[name]()
+    return SAMPLES[name](seed=seed)
+
+
+def export_model(
+    model: nn.Module,
+    example: Sequence[Any],
+    path: str | os.PathLike[str],
+    *,
+    rmsnorm: str = "decomposed",
+    dtype: str = "float32",
+    **options: Any,
+) -> onnx.ModelProto:
+    """Export ``model(*example)`` to ``path`` in ``rmsnorm``'s form, its floating weights and
+    inputs cast to ``dtype`` first (the module is cast in place). ``options``:
+    :func:`rmsnorm_onnx.torch_export.export`'s (opset, dynamic, output_names, ...)."""
+    from .torch_export import export
+
+    if dtype != "float32":
+        model, example = _cast(model, example, getattr(torch, dtype))
+    return export(model, tuple(example), path, rmsnorm=rmsnorm, **options)
+
+
+def export_sample(
+    name: str, path: str | os.PathLike[str], *, seed: int = 0, **options: Any
+) -> onnx.ModelProto:
+    """Export the sample ``name`` (built with ``seed``) to ``path``, its outputs named;
+    ``options``: :func:`export_model`'s."""
+    model, example = get_sample(name, seed)
+    return export_model(model, example, path, output_names=OUTPUT_NAMES[name], **options)
 
 
 def write_sample_models(
@@ -149,15 +185,23 @@ def write_sample_models(
 
     Returns the paths written. The folder is created if needed.
     """
-    from .torch_export import export
-
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in SAMPLES if names is None else names:
-        model, args = get_sample(name)
         for mode in modes:
             path = out / f"{name}.{mode}.onnx"
-            export(model, args, path, rmsnorm=mode, output_names=OUTPUT_NAMES[name])
+            export_sample(name, path, rmsnorm=mode)
             written.append(path)
     return written
+
+
+def _cast(
+    model: nn.Module, example: Sequence[Any], dtype: torch.dtype
+) -> tuple[nn.Module, tuple[Any, ...]]:
+    def cast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(dtype)
+        return value
+
+    return model.to(dtype), tuple(cast(v) for v in example)

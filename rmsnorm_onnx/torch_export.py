@@ -90,13 +90,7 @@ def export(
     Returns:
         The ONNX model, IR version set to the lowest its opsets allow (onnxruntime reads it).
     """
-    if rmsnorm not in EXPORT_MODES:
-        raise UsageError(f"rmsnorm must be one of {', '.join(EXPORT_MODES)}; got {rmsnorm!r}")
-    opset = DEFAULT_OPSET[rmsnorm] if opset is None else int(opset)
-    if opset < MIN_OPSET[rmsnorm]:
-        raise UsageError(
-            f"rmsnorm={rmsnorm!r} needs opset >= {MIN_OPSET[rmsnorm]}, got opset {opset}"
-        )
+    opset = _opset(rmsnorm, opset)
     args = (args,) if isinstance(args, torch.Tensor) else tuple(args)
     kwargs = dict(kwargs or {})
     flat_specs: list[Any] | None = None  # per tensor input, when we chose the dynamic dims
@@ -104,7 +98,59 @@ def export(
         dynamic_shapes, flat_specs = _default_dynamic_shapes(model, args, kwargs)
     if rmsnorm != "decomposed":
         _warn_unpatched(model, rmsnorm)
+    proto = _trace(
+        model,
+        args,
+        kwargs,
+        rmsnorm=rmsnorm,
+        opset=opset,
+        dynamic_shapes=dynamic_shapes,
+        input_names=input_names,
+        output_names=output_names,
+    )
+    proto, notes = _post_process(
+        proto,
+        rmsnorm=rmsnorm,
+        flat_specs=flat_specs,
+        keep_stack_traces=keep_stack_traces,
+        fusion=fusion,
+        function_bodies=function_bodies,
+    )
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    if check:
+        op_schema.register()
+        onnx.checker.check_model(proto, full_check=True)
+    if path is not None:
+        onnx_io.save_model(proto, path)
+    return proto
 
+
+def _opset(rmsnorm: str, opset: int | None) -> int:
+    """The default-domain opset to export at: the mode's default, or one it can be written in."""
+    if rmsnorm not in EXPORT_MODES:
+        raise UsageError(f"rmsnorm must be one of {', '.join(EXPORT_MODES)}; got {rmsnorm!r}")
+    opset = DEFAULT_OPSET[rmsnorm] if opset is None else int(opset)
+    if opset < MIN_OPSET[rmsnorm]:
+        raise UsageError(
+            f"rmsnorm={rmsnorm!r} needs opset >= {MIN_OPSET[rmsnorm]}, got opset {opset}"
+        )
+    return opset
+
+
+def _trace(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    rmsnorm: str,
+    opset: int,
+    dynamic_shapes: Any,
+    input_names: Sequence[str] | None,
+    output_names: Sequence[str] | None,
+) -> onnx.ModelProto:
+    """torch's dynamo exporter in eval mode, our layers in ``rmsnorm``'s form; the training
+    flags are restored after, and our own errors come out unwrapped."""
     modes = {m: m.training for m in model.modules()}
     model.eval()
     try:
@@ -136,43 +182,47 @@ def export(
             m.training = training
     if program is None:  # pragma: no cover - the dynamo exporter always returns a program
         raise RMSNormOnnxError("torch.onnx.export returned no program")
-    proto = program.model_proto
+    return program.model_proto
+
+
+def _post_process(
+    proto: onnx.ModelProto,
+    *,
+    rmsnorm: str,
+    flat_specs: list[Any] | None,
+    keep_stack_traces: bool,
+    fusion: bool,
+    function_bodies: bool,
+) -> tuple[onnx.ModelProto, list[str]]:
+    """The traced model as we write it: our dim names, no stack traces; in fused mode the
+    residual Adds fused, our domain imported and our ops' bodies attached; the IR version the
+    opsets need. Returns it and what attaching the bodies had to say."""
     if flat_specs is not None:
         _name_dims(proto, flat_specs)
     if not keep_stack_traces:
         _drop_stack_traces(proto.graph)
+    notes: list[str] = []
     if rmsnorm == "fused" and fusion:
         proto = _fuse_residual_adds(proto)
     if rmsnorm == "fused" and any(n.domain == op_schema.DOMAIN for n in proto.graph.node):
         _ensure_opset_import(proto)
         if function_bodies:
-            for note in op_functions.attach(proto).notes:
-                warnings.warn(note, stacklevel=2)
+            notes = op_functions.attach(proto).notes
     onnx_io.set_ir_version(proto)
-    if check:
-        op_schema.register()
-        onnx.checker.check_model(proto, full_check=True)
-    if path is not None:
-        onnx_io.save_model(proto, path)
-    return proto
+    return proto, notes
 
 
 def _fuse_residual_adds(proto: onnx.ModelProto) -> onnx.ModelProto:
     """The fusion pass's model where it changed something (fewer nodes), else ``proto``."""
     from .fusion import fuse
 
-    fused, _ = fuse(proto, target="custom", function_bodies=False)  # export adds them
+    fused, _ = fuse(proto, target="custom", function_bodies=False)  # bodies come after
     return fused if _node_count(fused) < _node_count(proto) else proto
 
 
 def _node_count(proto: onnx.ModelProto) -> int:
     """Nodes of the main graph, its subgraphs and the model's functions."""
     return sum(len(graph.node) for graph in onnx_io.all_graphs(proto))
-
-
-def op_histogram(model: onnx.ModelProto) -> Counter[str]:
-    """How many nodes of each op type the main graph holds (``domain::op`` outside ai.onnx)."""
-    return Counter(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
 
 
 def _default_dynamic_shapes(

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from rmsnorm_onnx import RMSNorm, op_schema, samples
+from rmsnorm_onnx import RMSNorm, op_functions, op_schema, samples
 from rmsnorm_onnx.reference import rms_norm, tolerance
 
 
@@ -69,6 +69,9 @@ def test_models_folder_holds_every_sample_in_every_mode(shipped, written) -> Non
         assert (SHIPPED / name).stat().st_size < 1 << 20  # small files only
         meta = {p.key for n in model.graph.node for p in n.metadata_props}
         assert "pkg.torch.onnx.stack_trace" not in meta  # no paths of the machine that made it
+    for name, model in {**shipped, **written}.items():  # fused: also runs without our library
+        assert bool(model.functions) == (".fused." in name), name
+        assert op_functions.has_bodies(model), name
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -129,6 +132,19 @@ def test_shipped_models_match_the_factories_at_other_sizes(
     # a whole float32 network (MatMuls, attention, several norms), not one op: ORT and torch sum
     # in other orders, so 10x the float32 op tolerance
     np.testing.assert_allclose(logits, lm(ids).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_shipped_fused_models_run_without_our_library(shipped) -> None:
+    """onnxruntime without our library inlines the function bodies the fused files carry."""
+    layer, _ = samples.rmsnorm_layer()
+    plain = ort.InferenceSession(
+        shipped["rmsnorm-layer.fused.onnx"].SerializeToString(),
+        providers=["CPUExecutionProvider"],
+    )
+    x = np.random.default_rng(0).standard_normal((4, 3, 64)).astype(np.float32)
+    (y,) = plain.run(["y"], {"x": x})
+    want = rms_norm(x, layer.weight.detach().numpy(), epsilon=1e-5)
+    np.testing.assert_allclose(y, want, *tolerance("float32"))
 
 
 def test_unknown_sample_is_a_usage_error() -> None:

@@ -23,9 +23,15 @@ from torch_reference import layer_reference
 from rmsnorm_onnx import RMSNorm, export, op_schema, runtime
 from rmsnorm_onnx.errors import UsageError
 from rmsnorm_onnx.reference import tolerance
-from rmsnorm_onnx.torch_export import op_histogram
 
 FUSED = f"{op_schema.DOMAIN}::{op_schema.OP_TYPE}"
+
+
+def op_histogram(model: onnx.ModelProto) -> Counter[str]:
+    """How many nodes of each op type the main graph holds (``domain::op`` outside ai.onnx)."""
+    return Counter(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
+
+
 TEXTBOOK = Counter({"Pow": 1, "ReduceMean": 1, "Add": 1, "Sqrt": 1, "Reciprocal": 1, "Mul": 2})
 RESHAPE_AROUND = Counter({"Shape": 2, "Concat": 2, "Reshape": 2})  # groups, with dynamic dims
 

@@ -26,6 +26,7 @@ from test_torch_export import (
     dtype_name_np,
     expected_ops,
     float32_io,
+    op_histogram,
     zoo_inputs,
     zoo_variants,
 )
@@ -34,7 +35,6 @@ from torch_reference import layer_skip_reference
 
 from rmsnorm_onnx import RMSNorm, export, op_schema, runtime
 from rmsnorm_onnx.reference import tolerance
-from rmsnorm_onnx.torch_export import op_histogram
 
 SKIP = f"{op_schema.DOMAIN}::{op_schema.SKIP_OP_TYPE}"
 

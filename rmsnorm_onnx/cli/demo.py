@@ -64,43 +64,51 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+# key -> (file in --out, its row in the table)
+_MODELS = {
+    "decomposed": ("seeds.decomposed.onnx", "exported decomposed"),
+    "fused": ("seeds.fused.onnx", "exported fused"),
+    "fuse": ("seeds.decomposed.fused.onnx", "decomposed, then fused"),
+}
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a folder")
-
-    import numpy as np
-
-    from .. import reference, runtime
-    from ..compare import compare_arrays
-    from ..fusion import fuse_file
-    from ..onnx_io import load_model
-    from ..tables import format_table
-    from . import ort_run
-    from .describe import op_summary
-    from .export import export_model
-    from .progress import Progress
+    from .. import runtime
 
     # Fail before the exports (seconds) when the runs cannot happen: no library, no CUDA.
     runtime.library_path()
     runtime.resolve_providers([args.provider])
     out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "decomposed": out / "seeds.decomposed.onnx",
-        "fused": out / "seeds.fused.onnx",
-        "fuse": out / "seeds.decomposed.fused.onnx",
-    }
-    labels = {
-        "decomposed": "exported decomposed",
-        "fused": "exported fused",
-        "fuse": "decomposed, then fused",
-    }
+    paths = {key: out / name for key, (name, _) in _MODELS.items()}
 
     print("rmsnorm-onnx demo: the seeds' RMSNorm layer (hidden 64, eps 1e-5), input 32x10x64\n")
+    _export_two_ways(paths)
+    _fuse_the_decomposed_export(paths)
+    _run_check_and_time(paths, args.provider, args.repeat)
+    print("4. look at them in Netron")
+    for path in paths.values():
+        print(f"   rmsnorm-onnx view {path}")
+    return 0
+
+
+def _export_two_ways(paths: dict[str, Path]) -> None:
+    from .describe import op_summary
+    from .export import export_model
+
     print("1. export the torch layer to ONNX, two ways")
     for mode in ("decomposed", "fused"):
         proto, seconds = export_model(SAMPLE, paths[mode], rmsnorm=mode)
         print(f"   {mode:<10}  {paths[mode]}  ({op_summary(proto)}; {seconds:.1f}s)")
+
+
+def _fuse_the_decomposed_export(paths: dict[str, Path]) -> None:
+    from ..fusion import fuse_file
+    from ..onnx_io import load_model
+    from .describe import op_summary
+    from .progress import Progress
 
     print("2. fuse the decomposed export, as 'rmsnorm-onnx fuse' does to any ONNX file:")
     print(f"   rmsnorm-onnx fuse {paths['decomposed']} -o {paths['fuse']}")
@@ -115,39 +123,26 @@ def run(args: argparse.Namespace) -> int:
             f"{report.fused_count}: {report.summary()}"
         )
 
-    x, weight, eps = _seeds_input_and_weight()
-    expected = reference.rms_norm(x, weight, epsilon=eps)
-    rtol, atol = reference.tolerance(np.float32)
 
-    sessions = {k: runtime.session(p, providers=[args.provider]) for k, p in paths.items()}
-    calls = {k: ort_run.runner(s, {s.get_inputs()[0].name: x}) for k, s in sessions.items()}
-    outputs = {k: next(iter(ort_run.checked(c).values())) for k, c in calls.items()}
-    with Progress("Timing", total=None):
-        timings = ort_run.time_calls(list(calls.values()), repeat=args.repeat, warmup=5)
-    timing = dict(zip(calls, timings, strict=True))
-
+def _run_check_and_time(paths: dict[str, Path], provider: str, repeat: int) -> None:
+    """Run the three models on the seeds' input with our library, timed round-robin; a table
+    of each one's error against the NumPy reference and its speed-up; fail where one differs."""
+    import numpy as np
     import onnxruntime as ort
 
-    provider = sessions["fused"].get_providers()[0]
+    from .. import reference, runtime
+    from ..compare import compare_arrays
+
+    x, weight, eps = _seeds_input_and_weight()
+    outputs, timing, ran_on = _run_and_time(paths, x, provider, repeat)
     print(
-        f"3. run all three in onnxruntime {ort.__version__} ({provider}, library "
+        f"3. run all three in onnxruntime {ort.__version__} ({ran_on}, library "
         f"{runtime.library_path()})"
     )
-    base = timing["decomposed"].median_ms
-    rows = [("model", "max |y - reference|", "median time", "speed-up")]
-    failed = []
-    for key, y in outputs.items():
-        diff = compare_arrays(y, expected, atol=atol, rtol=rtol)
-        if not diff.ok:
-            failed.append(labels[key])
-        t = timing[key].median_ms
-        rows.append((labels[key], f"{diff.max_abs:.2e}", f"{t * 1e3:8.1f} us", f"{base / t:5.2f}x"))
-    print("\n".join(format_table(rows, indent="   ")))
-    between = max(
-        compare_arrays(outputs[a], outputs[b]).max_abs for a in outputs for b in outputs if a < b
-    )
-    print(f"   timed {args.repeat} runs each, round-robin; speed-up vs the decomposed export")
-    if args.provider == "cuda":
+    rtol, atol = reference.tolerance(np.float32)
+    failed = _table(outputs, timing, reference.rms_norm(x, weight, epsilon=eps), rtol, atol)
+    print(f"   timed {repeat} runs each, round-robin; speed-up vs the decomposed export")
+    if provider == "cuda":
         print("   (times include copying input and output between host and GPU; for kernel")
         print("   times see 'rmsnorm-onnx bench --cuda')")
     if failed:
@@ -155,14 +150,50 @@ def run(args: argparse.Namespace) -> int:
             f"{', '.join(failed)} differ from the NumPy reference beyond rtol {rtol:g}, "
             f"atol {atol:g} (float32)"
         )
+    between = max(
+        compare_arrays(outputs[a], outputs[b]).max_abs for a in outputs for b in outputs if a < b
+    )
     print(
         f"   all three agree with the NumPy reference within rtol {rtol:g}, atol {atol:g} "
         f"(float32); max difference between them {between:.2e}"
     )
-    print("4. look at them in Netron")
-    for key in ("decomposed", "fused", "fuse"):
-        print(f"   rmsnorm-onnx view {paths[key]}")
-    return 0
+
+
+def _run_and_time(
+    paths: dict[str, Path], x: Any, provider: str, repeat: int
+) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """Each model's output, its timing, and the provider that ran them."""
+    from .. import runtime
+    from . import ort_run
+    from .progress import Progress
+
+    sessions = {k: runtime.session(p, providers=[provider]) for k, p in paths.items()}
+    calls = {k: ort_run.runner(s, {s.get_inputs()[0].name: x}) for k, s in sessions.items()}
+    outputs = {k: next(iter(ort_run.checked(c).values())) for k, c in calls.items()}
+    with Progress("Timing", total=None):
+        timings = ort_run.time_calls(list(calls.values()), repeat=repeat, warmup=5)
+    return outputs, dict(zip(calls, timings, strict=True)), sessions["fused"].get_providers()[0]
+
+
+def _table(
+    outputs: dict[str, Any], timing: dict[str, Any], expected: Any, rtol: float, atol: float
+) -> list[str]:
+    """Print each model's error and speed-up; return the labels of those beyond tolerance."""
+    from ..compare import compare_arrays
+    from ..tables import format_table
+
+    base = timing["decomposed"].median_ms
+    rows = [("model", "max |y - reference|", "median time", "speed-up")]
+    failed = []
+    for key, y in outputs.items():
+        label = _MODELS[key][1]
+        diff = compare_arrays(y, expected, atol=atol, rtol=rtol)
+        if not diff.ok:
+            failed.append(label)
+        t = timing[key].median_ms
+        rows.append((label, f"{diff.max_abs:.2e}", f"{t * 1e3:8.1f} us", f"{base / t:5.2f}x"))
+    print("\n".join(format_table(rows, indent="   ")))
+    return failed
 
 
 def _seeds_input_and_weight() -> tuple[Any, Any, float]:

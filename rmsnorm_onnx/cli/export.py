@@ -171,26 +171,25 @@ def export_model(
     seed: int = 0,
     function_bodies: bool = True,
 ) -> tuple[Any, float]:
-    """Export a built-in model (by name) or ``MODULE:FUNCTION`` to ``out``; (proto, seconds)."""
+    """Export a built-in model (by name) or ``MODULE:FUNCTION`` to ``out`` through
+    :func:`rmsnorm_onnx.samples.export_model`, with progress shown; (proto, seconds)."""
+    _check_name(name)  # before torch is imported (seconds)
+    options = {
+        "rmsnorm": rmsnorm,
+        "opset": opset,
+        "dynamic": dynamic,
+        "dtype": dtype,
+        "function_bodies": function_bodies,
+    }
     start = time.monotonic()
-    with Progress(f"Exporting {name} ({rmsnorm})"):
-        model, example, output_names = _resolve(name, seed)
-        with _torch_quiet():
-            torch = _import_torch()
-            if dtype != "float32":
-                model, example = _cast(torch, model, example, getattr(torch, dtype))
-            from ..torch_export import export
+    with Progress(f"Exporting {name} ({rmsnorm})"), _torch_quiet():
+        from .. import samples
 
-            proto = export(
-                model,
-                example,
-                out,
-                rmsnorm=rmsnorm,
-                opset=opset,
-                dynamic=dynamic,
-                output_names=output_names,
-                function_bodies=function_bodies,
-            )
+        if ":" in name:
+            model, example = _user_model(name, seed)
+            proto = samples.export_model(model, example, out, **options)
+        else:
+            proto = samples.export_sample(name, out, seed=seed, **options)
     return proto, time.monotonic() - start
 
 
@@ -204,26 +203,21 @@ def _import_torch() -> Any:
     return torch
 
 
-def _resolve(name: str, seed: int) -> tuple[Any, tuple[Any, ...], list[str] | None]:
-    """(model, example inputs, output names); a bad name fails before torch is imported."""
-    if ":" not in name:
-        if name not in BUILTIN:
-            known = ", ".join([*BUILTIN, *ALIASES])
-            raise UsageError(
-                f"--model {name!r}: not a built-in model ({known}) nor MODULE:FUNCTION"
-            )
-        _import_torch()
-        from .. import samples
+def _check_name(name: str) -> None:
+    if ":" not in name and name not in BUILTIN:
+        known = ", ".join([*BUILTIN, *ALIASES])
+        raise UsageError(f"--model {name!r}: not a built-in model ({known}) nor MODULE:FUNCTION")
 
-        model, example = samples.SAMPLES[name](seed=seed)  # type: ignore[call-arg]
-        return model, tuple(example), list(samples.OUTPUT_NAMES[name])
+
+def _user_model(spec: str, seed: int) -> tuple[Any, tuple[Any, ...]]:
+    """(model, example inputs) from the user's factory, called with torch seeded."""
     torch = _import_torch()
     torch.manual_seed(seed)  # a factory's random initialization is reproducible too
-    model, example = _call_factory(name)
+    model, example = _call_factory(spec)
     if not isinstance(model, torch.nn.Module):
-        raise UsageError(f"--model {name}: returned a {type(model).__name__}, not a torch module")
+        raise UsageError(f"--model {spec}: returned a {type(model).__name__}, not a torch module")
     example = (example,) if isinstance(example, torch.Tensor) else tuple(example)
-    return model, example, None
+    return model, example
 
 
 def _call_factory(spec: str) -> tuple[Any, Any]:
@@ -252,17 +246,6 @@ def _call_factory(spec: str) -> tuple[Any, Any]:
             f"--model {spec}: must return (model, example_inputs), got {type(result).__name__}"
         )
     return result
-
-
-def _cast(torch: Any, model: Any, example: tuple[Any, ...], dtype: Any) -> tuple[Any, tuple]:
-    model = model.to(dtype)
-
-    def cast(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value.to(dtype)
-        return value
-
-    return model, tuple(cast(v) for v in example)
 
 
 def _all_samples(folder: Path) -> int:

@@ -45,6 +45,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="cpu",
         help="execution provider (default: %(default)s); cuda fails clearly when not usable",
     )
+    _add_input_options(p)
+    _add_timing_options(p)
+    _add_compare_options(p)
+    p.add_argument(
+        "--save-outputs", metavar="FILE.npz", help="write the outputs to an .npz archive"
+    )
+    p.add_argument(
+        "--no-library",
+        dest="library",
+        action="store_false",
+        help="leave the rmsnorm_onnx library unregistered: onnxruntime runs the function bodies "
+        "our ops carry instead of our kernels (what a user without the library gets)",
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def _add_input_options(p: argparse.ArgumentParser) -> None:
+    """Where the inputs come from: files, or random with the dims and shapes given."""
     p.add_argument(
         "--dim",
         action="append",
@@ -87,6 +106,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="value of symbolic dims not given with --dim (default: 4)",
     )
+
+
+def _add_timing_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeat",
         type=argtypes.positive_int,
@@ -109,6 +131,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="onnxruntime intra-op threads, at most 4 per CPU core (at least 64) "
         "(default: 0 = onnxruntime's choice)",
     )
+
+
+def _add_compare_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compare",
         metavar="OTHER.onnx",
@@ -123,31 +148,41 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--rtol", type=argtypes.non_negative_float, default=None, help="with --compare: see --atol"
     )
-    p.add_argument(
-        "--save-outputs", metavar="FILE.npz", help="write the outputs to an .npz archive"
-    )
-    p.add_argument(
-        "--no-library",
-        dest="library",
-        action="store_false",
-        help="leave the rmsnorm_onnx library unregistered: onnxruntime runs the function bodies "
-        "our ops carry instead of our kernels (what a user without the library gets)",
-    )
-    p.set_defaults(func=run)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import inputs, ort_run
-    from .compare import Difference
-    from .describe import op_summary
+    from . import ort_run
 
     if (args.atol is not None or args.rtol is not None) and not args.compare:
         raise UsageError("--atol/--rtol need --compare OTHER.onnx")
     model = _load(args.model)
-    specs = inputs.input_specs(model)
+    feeds = _feeds(args, model)
+    arrays = {name: feed.array for name, feed in feeds.items()}
+    session, library = _session(args.model, model, args.provider, args.threads, args.library)
+    call = ort_run.runner(session, arrays)
+    outputs = ort_run.checked(call)
+    calls = [call]
+    if args.compare:
+        other_model = _load(args.compare)
+        other_call = _other_runner(args, other_model, feeds)
+        other_outputs = ort_run.checked(other_call)
+        calls.append(other_call)
+    timings = ort_run.time_calls(calls, repeat=args.repeat, warmup=args.warmup)
+
+    _print_run(args.model, model, session, library, feeds, outputs, timings[0])
+    if args.save_outputs:
+        _save(outputs, args.save_outputs)
+    if args.compare:
+        _print_comparison(args, other_model, outputs, other_outputs, timings)
+    return 0
+
+
+def _feeds(args: argparse.Namespace, model: Any) -> dict[str, Any]:
+    """The model's inputs: from the files given, else random (what was made is noted)."""
+    from . import inputs
+
     feeds, notes = inputs.make_feeds(
-        specs,
+        inputs.input_specs(model),
         dims=inputs.parse_dims(args.dim),
         shapes=inputs.parse_shapes(args.shape),
         arrays=inputs.load_arrays(args.input, args.inputs),
@@ -158,24 +193,31 @@ def run(args: argparse.Namespace) -> int:
     )
     for line in notes:
         console.note(f"note: {line}")
-    arrays = {name: feed.array for name, feed in feeds.items()}
+    return feeds
 
-    session, library = _session(args.model, model, args.provider, args.threads, args.library)
-    call = ort_run.runner(session, arrays)
-    outputs = ort_run.checked(call)
-    calls = [call]
-    if args.compare:
-        other_model = _load(args.compare)
-        other_feeds = _feeds_for(inputs.input_specs(other_model), feeds, args.compare)
-        other_session, _ = _session(
-            args.compare, other_model, args.provider, args.threads, args.library
-        )
-        other_call = ort_run.runner(other_session, other_feeds)
-        other_outputs = ort_run.checked(other_call)
-        calls.append(other_call)
-    timings = ort_run.time_calls(calls, repeat=args.repeat, warmup=args.warmup)
 
-    print(f"model     {args.model}  ({op_summary(model)})")
+def _other_runner(args: argparse.Namespace, other_model: Any, feeds: dict[str, Any]) -> Any:
+    """--compare's model, ready to run on MODEL's inputs."""
+    from . import inputs, ort_run
+
+    other_feeds = _feeds_for(inputs.input_specs(other_model), feeds, args.compare)
+    session, _ = _session(args.compare, other_model, args.provider, args.threads, args.library)
+    return ort_run.runner(session, other_feeds)
+
+
+def _print_run(
+    path: str,
+    model: Any,
+    session: Any,
+    library: str | None,
+    feeds: dict[str, Any],
+    outputs: dict[str, Any],
+    timing: Any,
+) -> None:
+    from . import inputs
+    from .describe import op_summary
+
+    print(f"model     {path}  ({op_summary(model)})")
     print(
         f"provider  {', '.join(session.get_providers())}  (library {library or 'not registered'})"
     )
@@ -186,21 +228,27 @@ def run(args: argparse.Namespace) -> int:
     _table([(n, inputs.describe(f.array), f.source) for n, f in feeds.items()])
     print("outputs")
     _table([(n, inputs.describe(a), _checksum(a)) for n, a in outputs.items()])
-    print(f"time      {timings[0]}")
+    print(f"time      {timing}")
 
-    if args.save_outputs:
-        _save(outputs, args.save_outputs)
 
-    if not args.compare:
-        return 0
+def _print_comparison(
+    args: argparse.Namespace,
+    other_model: Any,
+    outputs: dict[str, Any],
+    other_outputs: dict[str, Any],
+    timings: list[Any],
+) -> None:
+    """Time and per-output difference of MODEL vs OTHER; RMSNormOnnxError beyond the bounds."""
+    from .compare import Difference
+    from .describe import op_summary
+
     ratio = timings[1].median_ms / timings[0].median_ms if timings[0].median_ms > 0 else 0.0
     print(f"compare   {args.compare}  ({op_summary(other_model)})")
     print(f"time      {timings[1]}  (MODEL is {ratio:.2f}x as fast)")
-    pairs = _pair_outputs(outputs, other_outputs)
     check = args.atol is not None or args.rtol is not None
     atol, rtol = args.atol or 0.0, args.rtol or 0.0
     rows, failed = [], []
-    for name, a, b in pairs:
+    for name, a, b in _pair_outputs(outputs, other_outputs):
         diff = Difference(a, b, atol=atol, rtol=rtol)
         verdict = ""
         if check or not diff.comparable:
@@ -215,7 +263,6 @@ def run(args: argparse.Namespace) -> int:
         raise RMSNormOnnxError(f"outputs differ beyond {bound}: {', '.join(failed)}")
     if check:
         print(f"agree     within atol {atol:g}, rtol {rtol:g}")
-    return 0
 
 
 def _load(path: str) -> Any:
@@ -286,13 +333,9 @@ def _checksum(array: Any) -> str:
 
 
 def _table(rows: list[tuple[str, ...]]) -> None:
-    if not rows:
-        print("  (none)")
-        return
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)] + [row[-1]]
-        print("  " + "  ".join(cells).rstrip())
+    from ..tables import format_table
+
+    print("\n".join(format_table(rows, indent="  ")) if rows else "  (none)")
 
 
 def _save(outputs: dict[str, Any], path: str) -> None:

@@ -24,7 +24,7 @@ from fractions import Fraction
 import numpy as np
 import onnx_ir as ir
 
-from .values import FLOAT_TYPES, constant_array, rank, scalar
+from .values import constant_array, rank, scalar
 
 # the opset at which each reduction's axes moved from an attribute to an input
 AXES_INPUT_SINCE = {"ReduceSum": 13}
@@ -643,7 +643,3 @@ def _centered(x: ir.Value) -> bool:
         and mean.op_type in ("ReduceMean", "GlobalAveragePool")
         and root(mean.inputs[0]) is root(sub.inputs[0])
     )
-
-
-def is_float(value: ir.Value) -> bool:
-    return value.dtype in FLOAT_TYPES

@@ -20,11 +20,12 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
+from ..op_schema import MS_DOMAIN
 from .algebra import STATISTIC_OPS
 from .sources import SOURCE_OPS
 
 _log = logging.getLogger(__name__)
-_HANDLED_DOMAINS = ("", "ai.onnx", "com.microsoft")
+_HANDLED_DOMAINS = ("", "ai.onnx", MS_DOMAIN)
 _NEAR_A_NORM = STATISTIC_OPS | {"Add", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Cast"}
 
 
