@@ -1,5 +1,5 @@
-"""The fusion pass: every RMSNorm of an ONNX model, in any form, becomes the target's op
-(DESIGN §4): raised to our ops (``raising``), then lowered to the target (``lower``).
+"""The fusion pass: every RMSNorm of an ONNX model, in any form, becomes the target's form:
+raised to our ops (``raising``), then lowered to the target (``lower``, ``targets``).
 
     model, report = fuse("model.onnx", target="custom")  # or contrib, standard, decomposed
     model, report = fuse("model.onnx", for_runtime="openvino")  # the best form for a runtime

@@ -1,4 +1,4 @@
-"""Lowering (DESIGN §4): every canonical norm becomes the form the chosen target writes.
+"""Lowering, the pass's last stage: every canonical norm becomes the form the target writes.
 
 :func:`lower` reads each canonical node once (:class:`Norm`), hands it with a :class:`Builder`
 to the target's lowering (:mod:`rmsnorm_onnx.fusion.targets`: one object per target) and puts

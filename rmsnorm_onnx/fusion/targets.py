@@ -1,5 +1,5 @@
-"""The forms a fused norm can be written in (DESIGN §4): one :class:`Target` each, carrying its
-lowering and what it can express.
+"""The forms a fused norm can be written in: one :class:`Target` each, carrying its lowering
+and what it can express.
 
 ``custom``      rmsnorm_onnx::RMSNorm / SkipRMSNorm as they are: every variant.
 ``contrib``     ORT's SimplifiedLayerNormalization (registered in the default domain) and
