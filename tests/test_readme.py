@@ -1,10 +1,15 @@
-"""The README's commands work as written: the Python example, the walkthrough, the two commands."""
+"""The docs' commands work as written: the README's two commands, its job examples and Python
+example, the walkthrough (docs/walkthrough.md), the recipes that need no other tool
+(docs/recipes.md), and every ``rmsnorm-onnx`` command line of the README and docs/ parses with
+today's options. Sample outputs the docs show are checked against real runs, line by line."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
+import sys
 import venv
 from importlib import metadata
 from pathlib import Path
@@ -14,8 +19,83 @@ from cli_support import PACKAGE_ROOT, cli_env, run_cli
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 TEXT = README.read_text()
+WALKTHROUGH = (DOCS / "walkthrough.md").read_text()
+RECIPES = (DOCS / "recipes.md").read_text()
+PAGES = {README: TEXT, **{p: p.read_text() for p in sorted(DOCS.glob("*.md"))}}
+
+# Output that changes from run to run or machine to machine: times, sizes, ports, checksums, paths.
+VOLATILE = re.compile(
+    r"\d+(\.\d+)? ?(s|ms|us|kB)\b|127\.0\.0\.1|sha256|max abs|library |as fast|\.\.\."
+)
+
+
+def _headings(text: str) -> list[tuple[int, int, str]]:
+    """(offset, level, title) of the Markdown headings, those inside fenced code left out."""
+    found, offset, fenced = [], 0, False
+    for line in text.splitlines(keepends=True):
+        fenced ^= line.startswith("```")
+        m = None if fenced else re.match(r"(#+) (.+)", line)
+        if m:
+            found.append((offset, len(m.group(1)), m.group(2).strip()))
+        offset += len(line)
+    return found
+
+
+def _section(text: str, heading: str) -> str:
+    """From the line ``heading`` to the next heading of the same or a higher level."""
+    level, title = len(heading) - len(heading.lstrip("#")), heading.lstrip("#").strip()
+    heads = _headings(text)
+    (start,) = [o for o, n, t in heads if (n, t) == (level, title)]
+    end = next((o for o, n, _ in heads if o > start and n <= level), len(text))
+    return text[start:end]
+
+
+def _fences(text: str, lang: str = "") -> list[str]:
+    """The contents of the fenced blocks of ``lang`` ("" for blocks without one)."""
+    return re.findall(rf"^```{lang}\n(.*?)^```$", text, flags=re.S | re.M)
+
+
+def _commands(block: str) -> list[str]:
+    """The block's command lines, continuation lines joined, comments left to shlex."""
+    return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _cli_args(line: str) -> list[str] | None:
+    """``rmsnorm-onnx``'s arguments in a shell line (``.venv/bin/`` or ``$`` in front), or None."""
+    words = shlex.split(line.removeprefix("$ "), comments=True)
+    if words and words[0].endswith("rmsnorm-onnx"):
+        return words[1:]
+    return None
+
+
+def _documented(block: str) -> list[str]:
+    """The lines of a sample output that every run prints alike."""
+    return [s for s in map(str.strip, block.splitlines()) if s and not VOLATILE.search(s)]
+
+
+def _assert_printed(block: str, done: subprocess.CompletedProcess[str], what: str) -> None:
+    printed = {line.strip() for line in (done.stdout + done.stderr).splitlines()}
+    missing = [line for line in _documented(block) if line not in printed]
+    assert not missing, f"{what}: the docs show lines it no longer prints: {missing}\n{done.stdout}"
+
+
+def _run_ok(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    done = run_cli(*args, cwd=cwd, timeout=timeout)
+    assert done.returncode == 0, f"rmsnorm-onnx {shlex.join(args)}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def _with_models(folder: Path) -> Path:
+    """``folder`` where the docs' relative ``models/...`` paths name the repository's samples."""
+    (folder / "models").symlink_to(ROOT / "models")
+    return folder
+
+
+# --- the two commands -------------------------------------------------------------------------
 
 
 def _two_commands() -> tuple[str, str]:
@@ -33,28 +113,135 @@ def test_demo_command_sets_up_from_nothing_and_runs_the_demo():
     assert steps[-1] == [".venv/bin/rmsnorm-onnx", "demo"]  # tests/test_cli_demo.py runs it
 
 
-def test_test_command_is_what_ci_runs():
+def test_test_command_is_what_ci_runs_and_the_readme_says_what_it_installs():
     _, tests = _two_commands()
     assert tests == "bash .ci/run"
-    ci = (README.parent / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
     assert "set -euo pipefail" in ci and "pytest" in ci and "torch==2.13.0" in ci
+    made = re.findall(r'"\$py" -m venv (\S+)', ci)
+    assert ".venv" in made and len(made) > 1, made
+    apt = re.search(r"apt-get install[^\n]*\\\n\s*(.+?) >", ci)
+    assert apt, "the apt-get install line of .ci/run moved"
+    section = _section(TEXT, "## Two commands")
+    unnamed = [name for name in [*made, *apt.group(1).split()] if f"`{name}`" not in section]
+    assert not unnamed, f"the README's two commands do not say .ci/run makes {unnamed}"
 
 
-def test_walkthrough_commands_run_in_order(tmp_path):
-    commands = re.findall(r"^    \$ rmsnorm-onnx (.+?)(?:\s+#.*)?$", TEXT, flags=re.M)
-    assert [c.split()[0] for c in commands] == ["export", "view", "fuse", "run"]
-    for command in commands:
-        if command.startswith("view"):
+def test_quick_pytest_lines_run_a_part_of_the_suite_against_the_built_library():
+    block = re.search(r"A part of the suite.*?\n\n((?:    .+\n)+)", TEXT, flags=re.S)
+    assert block, "README lost its quick pytest lines"
+    lines = [line.strip() for line in block.group(1).splitlines()]
+    installed, env, checkout = lines[1], lines[2], lines[3]
+    assert installed == checkout and checkout.startswith(".venv/bin/pytest -q tests/")
+    for name in shlex.split(checkout)[2:]:
+        assert (ROOT / name).is_file(), name
+    if not (ROOT / ".venv" / "bin" / "pytest").exists():
+        pytest.skip("no .venv with pytest in the repository (made by .ci/run or the demo)")
+    env_vars = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env_vars.pop("PYTHONPATH", None)
+    env_vars.pop("RMSNORM_ONNX_LIBRARY", None)
+    done = subprocess.run(
+        ["bash", "-c", f"set -e; {env}; {checkout} -x -p no:cacheprovider"],
+        cwd=ROOT, env=env_vars, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout and " skipped" not in done.stdout, done.stdout[-2000:]
+
+
+# --- every documented command parses ------------------------------------------------------------
+
+
+def _documented_cli_lines() -> list[tuple[str, str]]:
+    """(page, line) of every rmsnorm-onnx command in a bash block or after ``$``."""
+    found = []
+    for path, text in PAGES.items():
+        lines = [line for block in _fences(text, "bash") for line in _commands(block)]
+        lines += re.findall(r"^    (\$ rmsnorm-onnx .+)$", text, flags=re.M)
+        found += [(path.name, line) for line in lines if _cli_args(line) is not None]
+    return found
+
+
+def test_every_documented_command_line_parses_with_todays_options():
+    from rmsnorm_onnx.cli.main import SUBCOMMANDS, build_parser
+
+    parser = build_parser()
+    lines = _documented_cli_lines()
+    bad = []
+    for page, line in lines:
+        try:
+            parser.parse_args(_cli_args(line))
+        except SystemExit:
+            bad.append(f"{page}: {line}")
+    assert not bad, "\n".join(bad)
+    used = {_cli_args(line)[0] for _, line in lines}
+    assert used >= set(SUBCOMMANDS) - {"demo"}, used  # the demo is the README's first command
+
+
+def test_relative_links_and_anchors_of_the_docs_resolve():
+    def anchors(text: str) -> set[str]:
+        titles = [t for _, _, t in _headings(text)]
+        return {re.sub(r"[^\w\- ]", "", t.lower()).replace(" ", "-") for t in titles}
+
+    bad = []
+    for path, text in PAGES.items():
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # a URL
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists():
+                bad.append(f"{path.name}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+                bad.append(f"{path.name}: {target} (no such heading)")
+    assert not bad, "\n".join(bad)
+
+
+# --- the walkthrough and the job examples -------------------------------------------------------
+
+
+def test_walkthrough_commands_run_in_order_and_print_what_it_shows(tmp_path):
+    steps = re.findall(r"^    \$ (rmsnorm-onnx .+)\n((?:    .+\n)*)", WALKTHROUGH, flags=re.M)
+    assert [_cli_args(c)[0] for c, _ in steps] == ["export", "view", "fuse", "run"]
+    for command, shown in steps:
+        args = _cli_args(command)
+        if args[0] == "view":
             continue  # serves until Ctrl-C: tests/test_cli_view.py drives it
-        done = run_cli(*shlex.split(command), cwd=tmp_path, timeout=300)
-        assert done.returncode == 0, f"rmsnorm-onnx {command}\n{done.stdout}\n{done.stderr}"
+        done = _run_ok(args, tmp_path)
+        _assert_printed(shown, done, command)
     assert "agree" in done.stdout  # the last one compares fused with decomposed
 
 
+def test_readme_job_examples_run(tmp_path):
+    """The fuse and run lines, in order, on the repository's sample models; the sample report is
+    what the first prints. Exports are parsed only (the walkthrough runs one); view serves."""
+    jobs = _section(TEXT, "## One job, five lines")
+    lines = [c for block in _fences(jobs, "bash") for c in _commands(block)]
+    runnable = [
+        args
+        for args in map(_cli_args, lines)
+        if args and args[0] in ("fuse", "run") and "cuda" not in args
+    ]
+    assert [a[0] for a in runnable].count("fuse") >= 4 and "run" in [a[0] for a in runnable]
+    shown = re.search(r"It prints what it did[^\n]*\n\n((?:    .+\n)+)", jobs)
+    assert shown, "README lost the sample fuse report"
+    folder = _with_models(tmp_path)
+    for i, args in enumerate(runnable):
+        done = _run_ok(args, folder)
+        if i == 0:
+            _assert_printed(shown.group(1), done, shlex.join(args))
+
+
+# --- the Python example -------------------------------------------------------------------------
+
+
 def _python_section() -> str:
-    section = re.search(r"^### From Python\n(.+?)^## ", TEXT, flags=re.S | re.M)
-    assert section, "README lost its From Python section"
-    return section.group(1)
+    return _section(TEXT, "### From Python")
+
+
+def _python_example() -> str:
+    code = _fences(_python_section(), "python")
+    assert code, "README lost its Python example"
+    return code[0]
 
 
 def _readme_requirements() -> list[str]:
@@ -126,13 +313,11 @@ def _env() -> dict[str, str]:
 
 @pytest.mark.slow
 def test_python_example_runs_with_only_what_the_readme_installs(tmp_path):
-    code = re.search(r"```python\n(.+?)```", TEXT, flags=re.S)
-    assert code, "README lost its Python example"
     requirements = _readme_requirements()
     assert "." in requirements and "torch==2.13.0" in requirements, requirements
     python = _venv_with_only(tmp_path / "venv", _closure(requirements))
     done = subprocess.run(
-        [python, "-c", code.group(1)],
+        [python, "-c", _python_example()],
         cwd=tmp_path,
         env=_env(),
         capture_output=True,
@@ -147,9 +332,7 @@ def test_python_example_runs_with_only_what_the_readme_installs(tmp_path):
 
 def test_the_python_example_imports_only_what_the_readme_installs(tmp_path):
     """The quick form of the test above: every module the example imports is in that venv."""
-    code = re.search(r"```python\n(.+?)```", TEXT, flags=re.S)
-    assert code, "README lost its Python example"
-    modules = sorted(set(re.findall(r"^(?:import|from) (\w+)", code.group(1), flags=re.M)))
+    modules = sorted(set(re.findall(r"^(?:import|from) (\w+)", _python_example(), flags=re.M)))
     python = _venv_with_only(tmp_path / "venv", _closure(_readme_requirements()))
     for module in modules:
         done = subprocess.run(
@@ -157,3 +340,89 @@ def test_the_python_example_imports_only_what_the_readme_installs(tmp_path):
             cwd=tmp_path, env=_env(), capture_output=True, text=True, check=False,
         )  # fmt: skip
         assert done.returncode == 0, f"the README's install does not bring {module}"
+
+
+# --- the recipes that need nothing but this package, torch and transformers ---------------------
+
+
+def _recipe(heading: str) -> str:
+    return _section(RECIPES, heading)
+
+
+def _run_script(code: str, name: str, cwd: Path, *args: str) -> None:
+    (cwd / name).write_text(code)
+    done = subprocess.run(
+        [sys.executable, name, *args], cwd=cwd, env=cli_env(), capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{name}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
+def _recipe_steps(section: str) -> list[tuple[list[str], str]]:
+    """(rmsnorm-onnx arguments, the sample output block right after) for each bash block."""
+    blocks = re.findall(r"^```bash\n(.*?)^```\n\n(?:```\n(.*?)^```)?", section, flags=re.S | re.M)
+    steps = []
+    for commands, shown in blocks:
+        for line in _commands(commands):
+            args = _cli_args(line)
+            if args is not None:
+                steps.append((args, shown))
+    return steps
+
+
+def test_recipe_tiny_hugging_face_model_script_makes_the_folder(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    section = _recipe("## A tiny Hugging Face model to start from")
+    (script,) = _fences(section, "python")
+    _run_script(script, "make_tiny_llama.py", tmp_path, "tiny-llama-hf")
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = tmp_path / "tiny-llama-hf"
+    config = AutoConfig.from_pretrained(folder)
+    assert (config.model_type, config.num_hidden_layers, config.hidden_size) == ("llama", 2, 64)
+    assert (folder / "model.safetensors").is_file()
+    ids = AutoTokenizer.from_pretrained(folder)("the quick brown fox")["input_ids"]
+    assert ids and max(ids) < config.vocab_size
+
+
+def test_recipe_genai_folder_converts_as_shown(tmp_path, fused_library):
+    """The conversion command on a folder in the builder's layout (tests/genai_support.py; the
+    builder itself runs in tests/test_genai_e2e.py, in its own venv): the same report."""
+    from genai_support import builder_layout_model, write_genai_folder
+
+    write_genai_folder(tmp_path / "llama-genai", builder_layout_model())
+    steps = _recipe_steps(_recipe("## onnxruntime-genai: a folder from its model builder"))
+    (args, shown), *_ = ((a, s) for a, s in steps if a[0] == "fuse")
+    assert args[1:3] == ["llama-genai", "llama-genai-rmsnorm"], args
+    done = _run_ok(args, tmp_path)
+    _assert_printed(shown, done, shlex.join(args))
+
+
+@pytest.mark.slow
+def test_recipe_torch_opset_23_runs_as_shown(tmp_path, fused_library):
+    pytest.importorskip("torch")
+    section = _recipe("## torch at opset 23: `RMSNormalization`")
+    (script,) = _fences(section, "python")
+    _run_script(script, "export23.py", tmp_path)
+    steps = _recipe_steps(section)
+    assert [a[0] for a, _ in steps] == ["fuse", "run"]
+    shown = steps[0][1]
+    outputs = [_run_ok(args, tmp_path) for args, _ in steps]
+    both = subprocess.CompletedProcess(
+        [], 0, "\n".join(o.stdout for o in outputs), "\n".join(o.stderr for o in outputs)
+    )
+    _assert_printed(shown, both, "the opset-23 recipe")
+
+
+def test_recipe_quantizers_fuse_as_shown(tmp_path, fused_library):
+    pytest.importorskip("onnxruntime.quantization")
+    section = _recipe("## ONNX Runtime's quantizers")
+    (script,) = _fences(section, "python")
+    folder = _with_models(tmp_path)
+    _run_script(script, "quantize.py", folder)
+    steps = _recipe_steps(section)
+    assert [a[0] for a, _ in steps] == ["fuse", "fuse"]
+    for args, shown in steps:
+        _assert_printed(shown, _run_ok(args, folder), shlex.join(args))
