@@ -18,7 +18,7 @@ without such a rescue (torch, the decomposed graph) give 0 for every finite elem
 float32 arithmetic says (x / sqrt(inf)), and are held to that.
 
 The decomposed fp16 graph without Casts computes x² in fp16: what it gives instead is measured
-here (``test_decomposed_fp16_graph_*``) and written in the README.
+here (``test_decomposed_fp16_graph_*``) and written in docs/numerics.md.
 """
 
 from __future__ import annotations
@@ -345,7 +345,7 @@ def _op_by_op_fp16(model, x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("case", ["fp16-square-overflows", "fp16-row-sum-overflows"])
 def test_decomposed_fp16_graph_op_by_op_loses_large_rows(case: str) -> None:
-    """What the README says of fp16 graphs without Casts on an EP with fp16 kernels (CUDA):
+    """What docs/numerics.md says of fp16 graphs without Casts on an EP with fp16 kernels (CUDA):
     x² (or its sum) overflows to +Inf, the mean is +Inf and every finite element of such a row
     becomes 0. Rows without overflow are right; the fused op gets all of them right."""
     c = CASES[case]

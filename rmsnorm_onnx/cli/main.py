@@ -25,7 +25,7 @@ from . import console
 SUBCOMMANDS = ("demo", "export", "fuse", "run", "view", "bench")
 
 _EPILOG = """\
-the journey of the README:
+the journey of docs/walkthrough.md:
   rmsnorm-onnx demo                                   # everything below in one command
   rmsnorm-onnx export --rmsnorm decomposed -o seeds.onnx
   rmsnorm-onnx view seeds.onnx                        # look at it in Netron
