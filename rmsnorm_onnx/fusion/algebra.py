@@ -449,7 +449,8 @@ class Reader:
         y, e = read.leaves()[0]
         return (y, read.coef, read) if e == 1 else None
 
-    def _op_ReduceSumSquare(self, node: ir.Node, value: ir.Value, depth: int):
+    def _sum_of_squares(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        """ReduceSumSquare(c·y) = c²·N·ms(y): the sum the Reduce family takes of a square."""
         found = self._linear_of(node, depth)
         if found is None:
             return Product.leaf(value)
@@ -458,21 +459,17 @@ class Reader:
         if isinstance(n, Miss):
             return n
         read = read.copy()
-        read.spelling.setdefault("square", "ReduceSumSquare")
-        return self._statistic(node, y, c * c * n, value, "ReduceSumSquare", read)
+        read.spelling.setdefault("square", node.op_type)
+        return self._statistic(node, y, c * c * n, value, node.op_type, read)
+
+    def _op_ReduceSumSquare(self, node: ir.Node, value: ir.Value, depth: int):
+        return self._sum_of_squares(node, value, depth)
 
     def _op_ReduceL2(self, node: ir.Node, value: ir.Value, depth: int):
-        found = self._linear_of(node, depth)
-        if found is None:
-            return Product.leaf(value)
-        y, c, read = found
-        n = self.count(node, y)
-        if isinstance(n, Miss):
-            return n
-        read = read.copy()
-        read.spelling.setdefault("square", "ReduceL2")
-        total = self._statistic(node, y, c * c * n, value, "ReduceL2", read)
-        return total if isinstance(total, Miss) else total.power(Fraction(1, 2))
+        total = self._sum_of_squares(node, value, depth)  # ReduceL2 = √ReduceSumSquare
+        if isinstance(total, Miss) or not total.statistic():
+            return total
+        return total.power(Fraction(1, 2))
 
     def _op_LpNormalization(self, node: ir.Node, value: ir.Value, depth: int):
         found = self._linear_of(node, depth)
