@@ -77,6 +77,15 @@ class Builder:
             self.inits.append(tensor)
         return name
 
+    def model(self, y: str) -> onnx.ModelProto:
+        """The main graph x -> ``y`` (renamed "y") with everything built so far."""
+        self.nodes.append(helper.make_node("Identity", [y], ["y"]))
+        x_in = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))
+        y_out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(SHAPE))
+        graph = helper.make_graph(self.nodes, "g", [x_in], [y_out], initializer=self.inits)
+        opsets = [helper.make_opsetid("", self.opset)]
+        return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
     def axes(self) -> list[str]:
         tensor = numpy_helper.from_array(np.array([-1], np.int64), self.name("axes"))
         self.inits.append(tensor)
@@ -190,9 +199,7 @@ def build(s: Spelling, opset: int = 18) -> tuple[onnx.ModelProto, np.ndarray | N
     if s.eps != "attribute":
         w_name = None if w is None else b.const(w)
         y = b.norm("x", w_name)
-        b.nodes.append(helper.make_node("Identity", [y], ["y"]))
-        graph = helper.make_graph(b.nodes, "g", [x_in], [y_out], initializer=b.inits)
-        return helper.make_model(graph, opset_imports=opsets, ir_version=10), w
+        return b.model(y), w
     y = b.norm("x", None if w is None else "w")
     consts = [helper.make_node("Constant", [], [t.name], value=t) for t in b.inits]
     inputs = ["x"] if w is None else ["x", "w"]
@@ -340,8 +347,6 @@ def _qdq_inside(m):
 
 
 def _cube_root(m):
-    s = Spelling(inverse="pow-half")
-    del s
     pow_half = [n for n in m.graph.node if n.op_type == "Pow"][-1]
     init = next(t for t in m.graph.initializer if t.name == pow_half.input[1])
     init.CopyFrom(numpy_helper.from_array(np.asarray(-1 / 3, np.float32), init.name))
@@ -381,11 +386,7 @@ def test_shared_epsilon_and_exponent_constants_across_layers_fuse() -> None:
         ms = b.reduce("ReduceMean", b.op("Pow", y, two))
         inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, eps)))
         y = b.op("Mul", y, inv)
-    b.nodes.append(helper.make_node("Identity", [y], ["y"]))
-    x_in = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))
-    y_out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(SHAPE))
-    graph = helper.make_graph(b.nodes, "g", [x_in], [y_out], initializer=b.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    model = b.model(y)
     fused, report = fuse(model)
     assert report.fused_count == 2, report.summary(verbose=True)
     x = _feed()
@@ -400,11 +401,7 @@ def test_a_constant_factor_folds_into_a_constant_scale() -> None:
     w = (1 + 0.5 * np.random.default_rng(0).standard_normal(N)).astype(np.float32)
     y = b.op("LpNormalization", "x", axis=-1, p=2)
     y = b.op("Mul", y, b.const(w * np.float32(math.sqrt(N))))
-    b.nodes.append(helper.make_node("Identity", [y], ["y"]))
-    x_in = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))
-    y_out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(SHAPE))
-    graph = helper.make_graph(b.nodes, "g", [x_in], [y_out], initializer=b.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    model = b.model(y)
     fused, report = fuse(model)
     assert report.fused_count == 1, report.summary(verbose=True)
     assert "folded" in next(iter(report.fused)), report.fused
