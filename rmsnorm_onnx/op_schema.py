@@ -2,9 +2,9 @@
 version 1 (DESIGN §2).
 
 ``SkipRMSNorm(X, skip, scale?, bias?) -> (Y, S?)`` is the residual form: ``S = X + skip`` rounded
-to X's type (exactly as the unfused Add), ``Y = RMSNorm(S)``. ``skip`` has X's shape, or drops
-or sets to 1 leading dims of it (``[S, H]`` or ``[1, S, H]`` with X ``[B, S, H]``, as ORT's
-``SkipSimplifiedLayerNormalization`` accepts).
+to X's type (exactly as the unfused Add), ``Y = RMSNorm(S)``. X and skip broadcast against each
+other over the dims before ``axis`` (``[S, H]``, ``[1, S, H]`` or ``[B, 1, H]`` with X
+``[B, S, H]``, or X ``[1, S, H]`` with skip ``[B, S, H]``); skip holds X's normalized dims.
 
 Registering the schemas with onnx lets ``onnx.checker`` and shape inference understand the ops,
 so a fused model checks and infers like a model of standard ops.
@@ -118,27 +118,56 @@ def _skip_schema() -> defs.OpSchema:
         DOMAIN,
         VERSION,
         "Residual add and RMSNorm: S = X + skip (rounded to X's type), Y = RMSNorm(S) with the "
-        "attributes, scale and bias of RMSNorm. skip has X's shape, or X's shape with leading "
-        "dims dropped or 1 (it broadcasts over them).",
+        "attributes, scale and bias of RMSNorm. X and skip broadcast against each other over the "
+        "dims before axis (NumPy's rules); skip's rank is at most X's and it holds X.shape[axis:].",
         inputs=[
             param("X", "T", "input, rank >= 1"),
-            param("skip", "T", "the residual: X's shape, or broadcast over X's leading dims"),
+            param("skip", "T", "the residual: broadcasts with X over the dims before axis"),
             *_params(),
         ],
         outputs=[
-            param("Y", "T", "X's type and shape"),
-            param("S", "T", "X + skip, X's type and shape", param_option=optional),
+            param("Y", "T", "X's type, the shape of X + skip"),
+            param("S", "T", "X + skip, in X's type", param_option=optional),
         ],
         type_constraints=_TYPES,
         attributes=_attributes(),
     )
-    schema.set_type_and_shape_inference_function(_infer)
+    schema.set_type_and_shape_inference_function(_infer_skip)
     return schema
 
 
 def _infer(ctx: Any) -> None:
-    for i in range(ctx.get_num_outputs()):  # Y (and S) have X's type and shape
+    for i in range(ctx.get_num_outputs()):  # Y has X's type and shape
         ctx.set_output_type(i, ctx.get_input_type(0))
+
+
+def _infer_skip(ctx: Any) -> None:
+    """Y and S: X's type, the shape of X + skip: per dim, the one that is not 1, a number over a
+    name, one name both give, else unknown."""
+    out = onnx.TypeProto()
+    out.CopyFrom(ctx.get_input_type(0))
+    skip = ctx.get_input_type(1) if ctx.get_num_inputs() > 1 else None
+    x_shape = out.tensor_type.shape if out.tensor_type.HasField("shape") else None
+    if x_shape is not None and skip is not None:
+        if not skip.tensor_type.HasField("shape"):
+            out.tensor_type.ClearField("shape")
+        else:
+            skip_dims = list(skip.tensor_type.shape.dim)
+            pad = len(x_shape.dim) - len(skip_dims)
+            for i, d in enumerate(x_shape.dim):
+                if i < pad:
+                    continue
+                other = skip_dims[i - pad]
+                if other.HasField("dim_value") and other.dim_value == 1:
+                    continue
+                if (d.HasField("dim_value") and d.dim_value == 1) or (
+                    other.HasField("dim_value") and not d.HasField("dim_value")
+                ):
+                    d.CopyFrom(other)  # (a number other than 1 is the broadcast's dim)
+                elif not d.HasField("dim_value") and d != other:
+                    d.Clear()
+    for i in range(ctx.get_num_outputs()):
+        ctx.set_output_type(i, out)
 
 
 _KINDS = {  # the only attributes either op takes, and their kinds

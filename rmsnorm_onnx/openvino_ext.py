@@ -25,7 +25,7 @@ from openvino.frontend import NodeContext
 from openvino.frontend.onnx import ConversionExtension
 
 from . import op_schema
-from .reference import skip_fits
+from .reference import skip_sum_shape
 
 __all__ = ["openvino_extension"]
 
@@ -105,7 +105,7 @@ class _Node:
         x_shape, skip_shape = self.x.get_partial_shape(), self.skip.get_partial_shape()
         if x_shape.is_static and skip_shape.is_static:
             xs, ss = tuple(x_shape.to_shape()), tuple(skip_shape.to_shape())
-            if not skip_fits(xs, ss, self.axis):
+            if skip_sum_shape(xs, ss, self.axis) is None:
                 self.fail(f"skip of shape {list(ss)} does not fit X's shape {list(xs)}")
 
     def _check_param(self, name: str, param: Output) -> None:

@@ -5,7 +5,8 @@
     outside:           Y = X / (sqrt(ms) + eps) * scale + bias
 
 The residual form (``SkipRMSNorm``): S = X + skip, rounded to X's type exactly as an unfused Add
-of that type does, and Y = RMSNorm(S); ``skip`` may drop or set to 1 leading dims of X's shape.
+of that type does, and Y = RMSNorm(S); X and skip broadcast against each other over the dims
+before the normalized ones (``skip_sum_shape``).
 
 Group RMSNorm splits the last axis into ``groups`` equal slices, normalizes each slice on its own
 and then applies one scale over the whole axis. This module imports nothing else of ours.
@@ -26,7 +27,7 @@ __all__ = [
     "bfloat16",
     "normalized_axes",
     "rms_norm",
-    "skip_fits",
+    "skip_sum_shape",
     "skip_rms_norm",
     "tolerance",
 ]
@@ -117,22 +118,27 @@ def _normalize(
         return x / np.sqrt(ms + epsilon)
 
 
-def skip_fits(x_shape: tuple[int, ...], skip_shape: tuple[int, ...], axis: int = -1) -> bool:
-    """True when ``skip`` is X's shape, or X's shape with leading dims dropped or set to 1, and
-    it covers the normalized dims ``[axis, rank)`` in full (the residual differs per row, never
-    within one)."""
+def skip_sum_shape(
+    x_shape: tuple[int, ...], skip_shape: tuple[int, ...], axis: int = -1
+) -> tuple[int, ...] | None:
+    """The shape of S = X + skip (and Y) when SkipRMSNorm takes the two, else None: skip's rank
+    is at most X's (missing dims count as 1, as in NumPy); before ``axis`` (of X) they broadcast
+    against each other by NumPy's rules (equal, or either is 1); from ``axis`` on skip has X's
+    dims (the residual differs per row, never within one)."""
     rank = len(x_shape)
-    if len(skip_shape) > rank:
-        return False
-    pad = rank - len(skip_shape)
-    matched = [d == x_shape[pad + i] for i, d in enumerate(skip_shape)]
-    # from the first dim that matches X's on, every dim must match; before it, only 1s
-    first = matched.index(True) if True in matched else len(skip_shape)
-    if not all(matched[first:]) or any(d != 1 for d in skip_shape[:first]):
-        return False
-    # the dims skip broadcasts over must lie before the normalized ones (or be 1 in X too)
     start = normalized_axes(rank, axis)[0]
-    return all(d == 1 for d in x_shape[start : pad + first])
+    pad = rank - len(skip_shape)
+    if pad < 0:
+        return None
+    skip_full = (1,) * pad + tuple(skip_shape)
+    if skip_full[start:] != tuple(x_shape[start:]):
+        return None
+    lead = []
+    for d, s in zip(x_shape[:start], skip_full[:start], strict=True):
+        if d != s and 1 not in (d, s):
+            return None
+        lead.append(s if d == 1 else d)
+    return (*lead, *x_shape[start:])
 
 
 def skip_rms_norm(
@@ -151,10 +157,11 @@ def skip_rms_norm(
     bfloat16 that is the correctly rounded sum, what an Add of that type computes.
     """
     x_arr, skip_arr = np.asarray(x), np.asarray(skip)
-    if not skip_fits(x_arr.shape, skip_arr.shape, axis):
+    if skip_sum_shape(x_arr.shape, skip_arr.shape, axis) is None:
         raise ValueError(
-            f"skip of shape {skip_arr.shape} does not broadcast to X's shape {x_arr.shape} "
-            f"over leading dims only, covering the normalized dims (axis {axis})"
+            f"skip of shape {skip_arr.shape} and X of shape {x_arr.shape} do not broadcast "
+            f"against each other over the leading dims only, both holding the normalized dims "
+            f"(axis {axis})"
         )
     total = x_arr.astype(np.float64) + skip_arr.astype(np.float64)
     s = total.astype(x_arr.dtype) if x_arr.dtype != np.float64 else total

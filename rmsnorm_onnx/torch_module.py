@@ -23,7 +23,7 @@ from torch import nn
 
 from . import op_schema
 from .errors import UsageError
-from .reference import skip_fits
+from .reference import skip_sum_shape
 
 __all__ = ["EXPORT_MODES", "RMSNorm", "ResidualError"]
 
@@ -256,11 +256,11 @@ class RMSNorm(nn.Module):
         if x_shape is None or r_shape is None:
             return  # symbolic shapes without example sizes: the Add itself checks them
         axis = -len(self.normalized_shape)
-        if not skip_fits(x_shape, r_shape, axis):
+        if skip_sum_shape(x_shape, r_shape, axis) is None:
             raise ResidualError(
-                f"residual of shape {r_shape} does not fit x of shape {x_shape}: it must be "
-                f"x's shape, or x's shape with leading dims dropped or set to 1 (never "
-                f"broadcast over the normalized dims {self.normalized_shape})"
+                f"residual of shape {r_shape} does not fit x of shape {x_shape}: the two may "
+                f"broadcast against each other over the leading dims, never over the normalized "
+                f"dims {self.normalized_shape}, and the residual's rank is at most x's"
             )
 
     def _grouped(self, x: torch.Tensor) -> torch.Tensor:
@@ -340,12 +340,14 @@ class RMSNorm(nn.Module):
                 version=op_schema.VERSION,
             )
             return self._ungroup(y, scale, bias, x.dtype)
+        skip = node_inputs[1]
+        shape = h.shape if skip.shape == h.shape else torch.broadcast_shapes(h.shape, skip.shape)
         y, s = torch.onnx.ops.symbolic_multi_out(
             f"{op_schema.DOMAIN}::{op_schema.SKIP_OP_TYPE}",
             node_inputs,
             attrs=attrs,
             dtypes=(x.dtype, x.dtype),
-            shapes=(h.shape, h.shape),
+            shapes=(shape, shape),
             version=op_schema.VERSION,
         )
         s = s.flatten(-2) if self.groups > 1 else s

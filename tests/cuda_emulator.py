@@ -38,6 +38,7 @@ DEVICES = {
 DEFAULT_DEVICE = "sm_90"
 MAX_GRID = 2**31 - 1
 DEFAULT_SHARED = 48 * 1024 - STATIC_SMEM  # without opt-in
+MAX_ROW_DIMS = 8  # row_map.h's kMaxRowDims
 
 LIBRARY_NAMES = ("librmsnorm_onnx_emulated.so", "librmsnorm_onnx_emulated.dylib")
 
@@ -64,6 +65,8 @@ class _Params(ctypes.Structure):  # emulated_api.cc's RmsnormEmulatedParams
             )
         ),
         ("epsilon", ctypes.c_float),
+        ("lead_rank", ctypes.c_int32),
+        *((name, ctypes.c_int64 * MAX_ROW_DIMS) for name in ("y_lead", "x_lead", "skip_lead")),
     ]
 
 
@@ -219,15 +222,19 @@ class Emulator:
         device: str = DEFAULT_DEVICE,
         max_grid: int = MAX_GRID,
         seed: int = 0,
+        leads: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None,
     ) -> Config:
         """Y = RMSNorm(X) (or of S = X + skip, S stored into sum_out) over the last axis of 2-D
-        x, y; skip is [skip_rows, cols] with skip_rows dividing rows. Raises with the error."""
-        rows, cols = x.shape
-        assert y.shape == x.shape and x.flags.c_contiguous and y.flags.c_contiguous
+        x, y; skip is [skip_rows, cols] with skip_rows dividing rows. ``leads``: the leading dims
+        of Y, X and skip (one rank, 1s padded on the left) where X and skip broadcast against
+        each other (x, skip hold their own rows, y and sum_out Y's). Raises with the error."""
+        rows, cols = y.shape
+        assert x.flags.c_contiguous and y.flags.c_contiguous
+        assert leads is not None or x.shape == y.shape
         if skip is not None:
             assert skip.ndim == 2 and skip.shape[1] == cols and skip.flags.c_contiguous
         if sum_out is not None:
-            assert sum_out.shape == x.shape and sum_out.flags.c_contiguous
+            assert sum_out.shape == y.shape and sum_out.flags.c_contiguous
 
         def addr(a: np.ndarray | None) -> int:
             return 0 if a is None else a.ctypes.data
@@ -252,6 +259,10 @@ class Emulator:
             scale_count=0 if scale is None else scale.size,
             bias_count=0 if bias is None else bias.size,
         )
+        if leads is not None:
+            p.lead_rank = len(leads[0])
+            for name, lead in zip(("y_lead", "x_lead", "skip_lead"), leads, strict=True):
+                getattr(p, name)[: len(lead)] = lead
         used = _Config()
         error = ctypes.create_string_buffer(1024)
         rc = self._lib.rmsnorm_onnx_emulated_run(
@@ -314,13 +325,16 @@ def normalize(
 ) -> tuple[np.ndarray, Config] | tuple[np.ndarray, np.ndarray | None, Config]:
     """Runs the op's flattening: X of any rank -> [prod(shape[:axis]), prod(shape[axis:])].
 
-    With ``skip`` (X's shape with leading dims dropped or 1: a broadcast over X's leading rows),
-    SkipRMSNorm: returns (Y, S, config), S only when ``sum_offset`` is given (else not stored).
+    With ``skip`` (broadcasting against X over the leading dims, ``reference.skip_sum_shape``),
+    SkipRMSNorm: returns (Y, S, config), S only when ``sum_offset`` is given (else not stored);
+    the row maps are made from the leading dims as the op makes them.
     """
     axis %= x.ndim
     normalized = x.shape[axis:]
-    rows, cols = math.prod(x.shape[:axis]), math.prod(normalized)
-    y = buffer(x.shape, x.dtype, y_offset)
+    out = x.shape if skip is None else reference.skip_sum_shape(x.shape, skip.shape, axis)
+    assert out is not None, f"skip {skip.shape} does not fit X {x.shape}"
+    rows, cols = math.prod(out[:axis]), math.prod(normalized)
+    y = buffer(out, x.dtype, y_offset)
     y[...] = np.nan  # an element the kernel never writes stays NaN
     pairs = {}
     for name, p in (("scale", scale), ("bias", bias)):
@@ -329,12 +343,14 @@ def normalize(
     s = None
     if skip is not None:
         kwargs["skip"] = skip.reshape(-1, cols)
+        skip_full = (1,) * (x.ndim - skip.ndim) + skip.shape
+        kwargs["leads"] = (out[:axis], x.shape[:axis], skip_full[:axis])
         if sum_offset is not None:
-            s = buffer(x.shape, x.dtype, sum_offset)
+            s = buffer(out, x.dtype, sum_offset)
             s[...] = np.nan
             kwargs["sum_out"] = s.reshape(rows, cols)
     config = emu.run(
-        x.reshape(rows, cols),
+        x.reshape(-1, cols),
         y.reshape(rows, cols),
         scale,
         bias,

@@ -34,7 +34,7 @@ def test_bench_quick_run_with_plot_and_json(tmp_path: Path) -> None:
             # median ms, min ms, GB/s, (ours x,) ceiling GB/s, share of the ceiling
             numbers = number * (4 if impl == "rmsnorm_onnx" else 5)
             row = re.search(
-                rf"^{op}\s+{shape}\s+float32 {re.escape(impl)}{numbers}\s+(\d+)%",
+                rf"^{op}\s+{shape}\s+float32\s+{re.escape(impl)}{numbers}\s+(\d+)%",
                 result.stdout,
                 re.M,
             )
@@ -91,6 +91,25 @@ def test_bench_bad_shape_is_a_usage_error() -> None:
     assert result.returncode == 2
     lines = error_lines(result.stderr)
     assert len(lines) == 1 and "bad shape '8x0'" in lines[0]
+
+
+def test_bench_and_run_share_one_memory_limit(tmp_path: Path) -> None:
+    """One option, one check: a shape over --max-gb is refused before anything is measured or
+    written, in the words run uses for its random inputs."""
+    from rmsnorm_onnx import bench
+
+    data = tmp_path / "b.json"
+    result = run_cli("bench", "--shapes", "1024x1024", "--max-gb", "0.004", "--json", data)
+    assert result.returncode == 2
+    moved = bench.OPS["rmsnorm"].moved_bytes((1024, 1024), 4)  # x read, y written, weight
+    assert error_lines(result.stderr) == [
+        f"rmsnorm-onnx: error: --op rmsnorm 1024x1024: its inputs and outputs would take "
+        f"{moved / 1e9:.3g} GB, more than --max-gb 0.004; give smaller --shapes, or raise --max-gb"
+    ]
+    assert not data.exists()
+    for command in ("bench", "run"):
+        help_text = run_cli(command, "--help").stdout
+        assert "--max-gb GB" in help_text and "--max-input-gb" not in help_text
 
 
 def test_bench_plot_into_missing_folder_is_a_usage_error(tmp_path: Path) -> None:

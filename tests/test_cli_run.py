@@ -259,17 +259,16 @@ BAD_OPTIONS = {
     "seed-negative": (["--seed", "-1"], "argument --seed: -1: must be >= 0"),
     "dims-100000": (
         ["--dim", "batch=100000", "--dim", "seq=100000"],
-        "random inputs would take 2,560 GB (largest: x float32[100000, 100000, 64]), more than "
-        "the limit of 4 GB; give smaller --dim/--shape values, or raise the limit with "
-        "--max-input-gb",
+        "random inputs (largest: x float32[100000, 100000, 64]) would take 2,560 GB, more than "
+        "--max-gb 4; give smaller --dim/--shape values, or raise --max-gb",
     ),
-    "shape-huge": (["--shape", f"x={_HUGE}x1x64"], "more than the limit of 4 GB"),
+    "shape-huge": (["--shape", f"x={_HUGE}x1x64"], "more than --max-gb 4;"),
     "shape-huge-empty": (["--shape", f"x=0x{_HUGE}x64"], "is too large for an array"),
     "limit-lowered": (
-        ["--dim", "batch=1000", "--dim", "seq=100", "--max-input-gb", "0.01"],
-        "random inputs would take 0.0256 GB",
+        ["--dim", "batch=1000", "--dim", "seq=100", "--max-gb", "0.01"],
+        "would take 0.0256 GB, more than --max-gb 0.01",
     ),
-    "limit-zero": (["--max-input-gb", "0"], "argument --max-input-gb: 0: must be a number > 0"),
+    "limit-zero": (["--max-gb", "0"], "argument --max-gb: 0: must be a number > 0"),
 }
 
 
@@ -294,7 +293,7 @@ def test_threads_and_input_limit_within_bounds_run(decomposed: Path, capsys) -> 
 
     assert argtypes.max_threads() >= 64
     args = ["--threads", str(argtypes.max_threads()), "--dim", "batch=1000", "--dim", "seq=100"]
-    assert main(["run", str(decomposed), "--repeat", "1", "--max-input-gb", "0.03", *args]) == 0
+    assert main(["run", str(decomposed), "--repeat", "1", "--max-gb", "0.03", *args]) == 0
     assert "float32[1000, 100, 64]" in capsys.readouterr().out
 
 

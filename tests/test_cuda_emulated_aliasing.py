@@ -13,24 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from aliasing_cases import ALIASES
 from cuda_emulator import DTYPES, buffer, filled
 
 from rmsnorm_onnx import reference
 
 UINT = {2: np.uint16, 4: np.uint32}
-
-# which input buffer each output (and skip) is bound to; absent: memory of its own
-ALIASES = {
-    "S=X": {"s": "x"},
-    "S=skip": {"s": "skip"},
-    "Y=X": {"y": "x"},
-    "Y=skip": {"y": "skip"},
-    "Y=X,S=skip": {"y": "x", "s": "skip"},
-    "Y=skip,S=X": {"y": "skip", "s": "x"},
-    "Y=X,noS": {"y": "x", "s": None},
-    "skip=X,S=X": {"skip": "x", "s": "x"},
-    "skip=X,Y=X,noS": {"skip": "x", "y": "x", "s": None},
-}
 
 # (dtype, hidden, device): the kernel shapes. sm_75's 64 KB of shared memory leaves most of a
 # 65536-wide row to be read again in the normalize pass; 65537 columns run the Generic kernel.

@@ -84,6 +84,11 @@ BROADCAST = [
     ((2, 5, 4096), (5, 4096)),
     ((2, 2, 33), (2, 33)),  # rows of a partial vector: element-wide
     ((3, 2, 1, 64), (2, 1, 64)),
+    ((4, 3, 100), (4, 1, 100)),  # a 1 in the middle: the general row map
+    ((1, 3, 128), (4, 3, 128)),  # X broadcasts
+    ((4, 1, 33), (1, 3, 33)),  # each over the other, rows of a partial vector
+    ((3, 1, 2, 1, 64), (4, 1, 5, 64)),
+    ((1, 2, 4096), (3, 1, 4096)),  # block mode
 ]
 BROADCAST_CASES = [(d, x, k) for d in DTYPES for x, k in BROADCAST]
 
@@ -94,7 +99,8 @@ BROADCAST_CASES = [(d, x, k) for d in DTYPES for x, k in BROADCAST]
     ids=[f"{d}-{'x'.join(map(str, x))}-skip{'x'.join(map(str, k))}" for d, x, k in BROADCAST_CASES],
 )
 def test_skip_broadcast_over_leading_rows_emulated(emu, rng, dtype, x_shape, skip_shape):
-    """skip of X's shape with leading dims dropped or 1: X row r adds skip row r % skip_rows."""
+    """X and skip broadcast against each other over the leading dims: output row r adds skip's
+    row MapRow(skip_map, r) to X's row MapRow(x_map, r)."""
     dt = DTYPES[dtype]
     x, skip = filled(data(rng, x_shape), dt), filled(data(rng, skip_shape), dt)
     scale, _ = scale_for(rng, x_shape[-1], dt, "scale")
@@ -178,7 +184,7 @@ def test_skip_large_values_rescaled_emulated(emu, rng, dtype, magnitude, hidden)
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"skip_rows": 2}, "skip rows must divide"),
+        ({"skip_rows": 2}, "row map of X or skip does not fit"),
         ({"sum_without_skip": True}, "S without skip"),
         ({"skip_offset_bytes": 1}, "not aligned to its element size"),
         ({"sum_offset_bytes": 2}, "not aligned to its element size"),

@@ -12,21 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from aliasing_cases import ALIASES
 from kernel_models import ORT_ERRORS, cpu_kernel, make_model  # noqa: F401 (a fixture)
 
 from rmsnorm_onnx import reference
 from rmsnorm_onnx.runtime import session
 
-ALIASES = {
-    "S=X": {"s": "x"},
-    "S=skip": {"s": "skip"},
-    "Y=X": {"y": "x"},
-    "Y=skip": {"y": "skip"},
-    "Y=X,S=skip": {"y": "x", "s": "skip"},
-    "Y=skip,S=X": {"y": "skip", "s": "x"},
-    "Y=X,noS": {"y": "x", "s": None},
-    "skip=X,S=X": {"skip": "x", "s": "x"},
-}
 # (rows, cols, magnitude): one thread; the thread pool; rows whose float32 sum of squares
 # overflows (the rescue reads the row again)
 SHAPES = [(8, 4096, 1.0), (64, 1024, 1.0), (3, 4099, 1e25)]

@@ -1,8 +1,8 @@
 """The CPU kernel of rmsnorm_onnx::SkipRMSNorm, run through onnxruntime, against the reference.
 
 Y within the dtype's tolerance of reference.skip_rms_norm, and S bit for bit the NumPy-rounded
-sum, over dtypes x variants x shapes (hidden 1, 3, 4097, 65536; rank 1-4; axis), skips that
-broadcast over leading dims, S present / absent / named '' in the node, constant parameters,
+sum, over dtypes x variants x shapes (hidden 1, 3, 4097, 65536; rank 1-4; axis), X and skip
+broadcast against each other over leading dims, S present / absent / named '' in the node, constant parameters,
 both row kernels (streamed and not), and the skip errors.
 """
 
@@ -88,8 +88,17 @@ def test_without_sum_output(rng, dtype, shape, axis):
     check_skip(rng, dtype, "scale_bias", shape, axis, with_sum=False)
 
 
-# (x shape, skip shape, axis): skips that drop or set to 1 leading dims of X's shape.
+# (x shape, skip shape, axis): X and skip broadcast against each other over the leading dims
+# (skip dropping or setting to 1 leading dims of X's; a 1 in the middle; X broadcast; runs of
+# dims that alternate, which take the general row map).
 BROADCASTS = [
+    ((4, 6, 64), (4, 1, 64), -1),
+    ((1, 6, 64), (4, 6, 64), -1),
+    ((4, 1, 64), (1, 6, 64), -1),
+    ((1, 4097), (3, 4097), -1),
+    ((3, 1, 2, 1, 33), (4, 1, 5, 33), -1),
+    ((2, 1, 3, 1, 2, 8), (1, 3, 1, 2, 1, 8), -1),
+    ((8, 1, 2048), (1, 16, 2048), -1),  # through the thread pool
     ((4, 6, 64), (6, 64), -1),
     ((4, 6, 64), (1, 6, 64), -1),
     ((4, 6, 64), (64,), -1),
@@ -193,7 +202,7 @@ def _error(model, feed, pattern):
 @pytest.mark.parametrize(
     ("shape", "skip_shape", "axis"),
     [
-        ((4, 6, 64), (4, 1, 64), -1),
+        ((4, 6, 64), (3, 1, 64), -1),  # neither 1 nor X's
         ((4, 6, 64), (6, 32), -1),
         ((4, 6, 64), (2, 6, 64), -1),
         ((4, 6, 64), (4, 4, 6, 64), -1),

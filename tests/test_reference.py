@@ -9,7 +9,7 @@ from rmsnorm_onnx.reference import (
     bfloat16,
     normalized_axes,
     rms_norm,
-    skip_fits,
+    skip_sum_shape,
     skip_rms_norm,
     tolerance,
 )
@@ -142,23 +142,41 @@ def test_skip_fp16_sum_that_overflows_is_inf():
 
 
 @pytest.mark.parametrize(
-    ("x_shape", "skip_shape", "axis", "fits"),
+    ("x_shape", "skip_shape", "axis", "out"),
     [
-        ((2, 3, 4), (2, 3, 4), -1, True),
-        ((2, 3, 4), (3, 4), -1, True),  # ORT's [S, H]
-        ((2, 3, 4), (1, 3, 4), -1, True),  # ORT's [1, S, H]
-        ((2, 3, 4), (1, 1, 4), -1, True),
-        ((2, 3, 4), (4,), -1, True),
-        ((2, 3, 4), (2, 1, 4), -1, False),  # broadcast in the middle
-        ((2, 3, 4), (3, 1), -1, False),
-        ((2, 3, 4), (2, 3, 4, 1), -1, False),  # more dims than X
-        ((2, 3, 4), (4,), -2, False),  # would broadcast inside the normalized dims
-        ((2, 3, 4), (3, 4), -2, True),
-        ((2, 1, 4), (4,), -2, True),  # the broadcast dim is 1 in X too
+        ((2, 3, 4), (2, 3, 4), -1, (2, 3, 4)),
+        ((2, 3, 4), (3, 4), -1, (2, 3, 4)),  # ORT's [S, H]
+        ((2, 3, 4), (1, 3, 4), -1, (2, 3, 4)),  # ORT's [1, S, H]
+        ((2, 3, 4), (1, 1, 4), -1, (2, 3, 4)),
+        ((2, 3, 4), (4,), -1, (2, 3, 4)),
+        ((2, 3, 4), (2, 1, 4), -1, (2, 3, 4)),  # broadcast in the middle
+        ((1, 3, 4), (2, 3, 4), -1, (2, 3, 4)),  # X broadcasts too
+        ((2, 1, 4), (1, 3, 4), -1, (2, 3, 4)),  # each over the other's dim
+        ((1, 4), (3, 4), -1, (3, 4)),
+        ((2, 3, 4), (3, 3, 4), -1, None),  # neither 1 nor equal
+        ((2, 3, 4), (3, 1), -1, None),  # would broadcast inside the normalized dims
+        ((2, 3, 1), (2, 3, 4), -1, None),  # X would broadcast inside them
+        ((2, 3, 4), (2, 3, 4, 1), -1, None),  # more dims than X
+        ((2, 3, 4), (4,), -2, None),  # would broadcast inside the normalized dims
+        ((2, 3, 4), (3, 4), -2, (2, 3, 4)),
+        ((2, 3, 4), (1, 4), -2, None),
+        ((2, 1, 4), (4,), -2, (2, 1, 4)),  # the missing dim is 1 in X too
     ],
 )
-def test_skip_fits_leading_broadcasts_only(x_shape, skip_shape, axis, fits):
-    assert skip_fits(x_shape, skip_shape, axis) is fits
+def test_skip_sum_shape_broadcasts_leading_dims_only(x_shape, skip_shape, axis, out):
+    assert skip_sum_shape(x_shape, skip_shape, axis) == out
+    if out is not None:  # NumPy's broadcast of the two, where they fit
+        assert np.broadcast_shapes(x_shape, skip_shape) == out
+
+
+def test_skip_rms_norm_broadcasts_x_and_skip_like_numpy(rng):
+    x = rng.standard_normal((1, 3, 8)).astype(np.float32)
+    skip = rng.standard_normal((2, 1, 8)).astype(np.float32)
+    y, s = skip_rms_norm(x, skip)
+    np.testing.assert_array_equal(s, x + skip)  # one float32 rounding, as the Add
+    np.testing.assert_allclose(y, rms_norm((x.astype(np.float64) + skip).astype(np.float32)))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        skip_rms_norm(x, rng.standard_normal((2, 3, 1)).astype(np.float32))
 
 
 def test_skip_broadcast_over_leading_dims_matches_explicit_broadcast(rng):
@@ -172,4 +190,4 @@ def test_skip_broadcast_over_leading_dims_matches_explicit_broadcast(rng):
 
 def test_skip_that_does_not_fit_is_a_clear_error():
     with pytest.raises(ValueError, match="leading dims only"):
-        skip_rms_norm(np.ones((2, 3, 4)), np.ones((2, 1, 4)))
+        skip_rms_norm(np.ones((2, 3, 4)), np.ones((3, 3, 4)))

@@ -10,7 +10,7 @@ from torch import nn
 from torch_reference import layer_reference, layer_skip_reference, native
 
 from rmsnorm_onnx import RMSNorm
-from rmsnorm_onnx.reference import tolerance
+from rmsnorm_onnx.reference import skip_rms_norm, tolerance
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 SHAPES = {
@@ -120,17 +120,27 @@ def test_residual_form_trains_through_both_outputs() -> None:
     [
         (torch.randn(2, 3, 16, dtype=torch.float16), r"x's dtype torch.float32"),
         (torch.randn(2, 3, 1), r"does not fit x of shape \(2, 3, 16\)"),
-        (torch.randn(4, 2, 3, 16), "leading dims dropped or set to 1"),
-        (torch.randn(2, 1, 16), "does not fit"),  # a 1 after a matching dim: not SkipRMSNorm's
+        (torch.randn(4, 2, 3, 16), "rank is at most x's"),
         (torch.randn(3, 3, 16), "does not fit"),
     ],
-    ids=["dtype", "over_hidden", "higher_rank", "inner_one", "other_batch"],
+    ids=["dtype", "over_hidden", "higher_rank", "other_batch"],
 )
 def test_bad_residual_is_a_clear_error(residual: torch.Tensor, message: str) -> None:
     layer = RMSNorm(16)
     x = torch.randn(2, 3, 16)
     with pytest.raises(ValueError, match=message):
         layer(x, residual)
+
+
+def test_residual_and_x_broadcast_against_each_other() -> None:
+    """x [1, 3, 16] + residual [2, 1, 16]: S and Y are [2, 3, 16], as the Add makes them."""
+    layer = RMSNorm(16)
+    x, residual = torch.randn(1, 3, 16), torch.randn(2, 1, 16)
+    y, s = layer(x, residual)
+    want_y, want_s = skip_rms_norm(x.numpy(), residual.numpy(), layer.weight.detach().numpy())
+    np.testing.assert_array_equal(s.numpy(), want_s)
+    rtol, atol = tolerance("float32")
+    np.testing.assert_allclose(y.detach().numpy(), want_y, rtol=rtol, atol=atol)
 
 
 def test_seeds_worked_examples() -> None:

@@ -15,10 +15,9 @@ import onnx
 from onnx import TensorProto, helper
 
 from .. import op_schema
-from ..onnx_io import set_ir_version
+from ..onnx_io import ONNX_TYPES, set_ir_version
+from ..op_schema import MS_DOMAIN, ONNX_NORM, ORT_NORM, ORT_SKIP_NORM
 from .ops import EPSILON, OURS, Op
-
-_MS_DOMAIN = "com.microsoft"
 
 Nodes = list[onnx.NodeProto]
 Inits = list[onnx.TensorProto]
@@ -47,8 +46,7 @@ def _decomposed(x: str, y: str, dtype: str) -> tuple[Nodes, Inits]:
         helper.make_node("Mul", [xf, "inv"], ["normed" if f32 else "normed_f"]),
     ]
     if not f32:
-        to = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-        nodes.append(helper.make_node("Cast", ["normed_f"], ["normed"], to=to))
+        nodes.append(helper.make_node("Cast", ["normed_f"], ["normed"], to=ONNX_TYPES[dtype]))
     nodes.append(helper.make_node("Mul", ["normed", "w"], [y]))
     return nodes, consts
 
@@ -66,14 +64,12 @@ def _rms_ours(dtype: str, w: np.ndarray):
 
 
 def _rms_sln(dtype: str, w: np.ndarray):
-    node = helper.make_node(
-        "SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1, epsilon=EPSILON
-    )
+    node = helper.make_node(ORT_NORM, ["x", "w"], ["y"], axis=-1, epsilon=EPSILON)
     return [node], [], 18, ("y",)
 
 
 def _rms_onnx(dtype: str, w: np.ndarray):
-    node = helper.make_node("RMSNormalization", ["x", "w"], ["y"], axis=-1, epsilon=EPSILON)
+    node = helper.make_node(ONNX_NORM, ["x", "w"], ["y"], axis=-1, epsilon=EPSILON)
     return [node], [], 23, ("y",)
 
 
@@ -93,10 +89,10 @@ def _skip_ours(dtype: str, w: np.ndarray):
 
 def _skip_ort(dtype: str, w: np.ndarray):
     node = helper.make_node(
-        "SkipSimplifiedLayerNormalization",
+        ORT_SKIP_NORM,
         ["x", "skip", "w"],
         ["y", "", "", "s"],
-        domain=_MS_DOMAIN,
+        domain=MS_DOMAIN,
         epsilon=EPSILON,
     )
     return [node], [], 18, ("y", "s")
@@ -115,11 +111,11 @@ def _skip_add_decomposed(dtype: str, w: np.ndarray):
 NODE_MAKERS: dict[tuple[str, str], NodeMaker] = {
     ("rmsnorm", OURS): _rms_ours,
     ("rmsnorm", "decomposed"): _rms_decomposed,
-    ("rmsnorm", "SimplifiedLayerNormalization"): _rms_sln,
-    ("rmsnorm", "RMSNormalization"): _rms_onnx,
+    ("rmsnorm", ORT_NORM): _rms_sln,
+    ("rmsnorm", ONNX_NORM): _rms_onnx,
     ("rmsnorm", "LayerNormalization"): _rms_layernorm,
     ("skip", OURS): _skip_ours,
-    ("skip", "SkipSimplifiedLayerNormalization"): _skip_ort,
+    ("skip", ORT_SKIP_NORM): _skip_ort,
     ("skip", "Add+rmsnorm_onnx"): _skip_add_ours,
     ("skip", "Add+decomposed"): _skip_add_decomposed,
 }
@@ -132,7 +128,7 @@ def build(
     if (op.name, impl) not in NODE_MAKERS:
         raise ValueError(f"no ONNX model for {impl!r} of {op.name}")
     nodes, inits, opset, outputs = NODE_MAKERS[op.name, impl](dtype, weight)
-    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    t = ONNX_TYPES[dtype]
     dims: list[int | str] = [f"d{i}" for i in range(len(shape) - 1)] + [shape[-1]]
     graph = helper.make_graph(
         nodes,
@@ -145,7 +141,7 @@ def build(
     domains = {n.domain for n in nodes}
     if op_schema.DOMAIN in domains:
         opsets.append(op_schema.opset_import())
-    if _MS_DOMAIN in domains:
-        opsets.append(helper.make_opsetid(_MS_DOMAIN, 1))
+    if MS_DOMAIN in domains:
+        opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
     model = set_ir_version(helper.make_model(graph, opset_imports=opsets))
     return model.SerializeToString(), outputs

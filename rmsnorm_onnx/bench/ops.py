@@ -17,7 +17,10 @@ TORCH = "torch"
 # the memory ceiling: a plain streaming copy of the bytes an op moves, on the same threads
 CEILING = "ceiling"
 EPSILON = 1e-6
-DTYPES = ("float32", "float16")
+# the element types the benchmark times, with their sizes in bytes (for the CLI's size check,
+# which must not import numpy)
+ITEMSIZES = {"float32": 4, "float16": 2}
+DTYPES = tuple(ITEMSIZES)
 DEFAULT_DTYPES = DTYPES
 
 

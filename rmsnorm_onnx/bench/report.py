@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from ..tables import format_table as format_lines
 from .measure import Row
 from .ops import CEILING, OPS, OURS, shape_text
 
@@ -26,27 +27,29 @@ def _blocks(rows: Sequence[Row]) -> dict[tuple[str, tuple[int, ...], str], dict[
     return blocks
 
 
+HEADER = ("op", "shape", "dtype", "implementation", "median ms", "min ms", "GB/s", "ours x",
+          "ceil GB/s", "of ceil", "note")  # fmt: skip
+ALIGN = "<>><>>>>>><"  # per column of HEADER: ">" right-aligned
+
+
 def format_table(rows: Sequence[Row]) -> str:
     """A plain-text table: one block per (op, shape, dtype), ours first; times over ours; the
     memory ceiling (a stream copy of the same bytes on the same threads) and each one's GB/s as
     a share of it."""
-    header = (
-        f"{'op':<7} {'shape':>10} {'dtype':>7} {'implementation':<32} {'median ms':>10} "
-        f"{'min ms':>9} {'GB/s':>6} {'ours x':>6} {'ceil GB/s':>9} {'of ceil':>7}  note"
-    )
-    lines = [header, "-" * len(header)]
+    cells: list[tuple[str, ...]] = [HEADER]
     for block in _blocks(rows).values():
-        if len(lines) > 2:
-            lines.append("")
+        if len(cells) > 1:
+            cells.append(())  # a gap between blocks
         for r in block.values():
             ratio = "" if r.impl == OURS else _fmt(r.ratio, ".2f")
             share = _fmt(100 * r.of_ceiling, ".0f") + ("%" if r.available else "")
-            lines.append(
-                f"{r.op:<7} {shape_text(r.shape):>10} {r.dtype:>7} {r.impl:<32} "
-                f"{_fmt_ms(r.median_ms):>10} {_fmt_ms(r.min_ms):>9} {_fmt(r.gbps, '.1f'):>6} "
-                f"{ratio:>6} {_fmt(r.ceiling_gbps, '.1f'):>9} {share:>7}  {r.note}".rstrip()
-            )
-    return "\n".join(lines)
+            cells.append((
+                r.op, shape_text(r.shape), r.dtype, r.impl, _fmt_ms(r.median_ms),
+                _fmt_ms(r.min_ms), _fmt(r.gbps, ".1f"), ratio, _fmt(r.ceiling_gbps, ".1f"),
+                share, r.note,
+            ))  # fmt: skip
+    header, *body = format_lines(cells, align=ALIGN)
+    return "\n".join([header, "-" * len(header), *body])
 
 
 def check_goals(rows: Sequence[Row]) -> list[tuple[str, bool]]:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..errors import UsageError
+
+DEFAULT_MAX_GB = 4.0
+
 
 def positive_int(text: str) -> int:
     """An int >= 1 (timed runs, thread counts, dimensions)."""
@@ -67,3 +71,31 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value}: a port is 0..65535")
     return value
+
+
+def add_max_gb(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--max-gb``: the one memory limit of the commands that allocate tensors of sizes the user
+    names (``run``'s random inputs, ``bench``'s shapes), checked by :func:`check_gb`."""
+    parser.add_argument(
+        "--max-gb",
+        type=positive_float,
+        default=DEFAULT_MAX_GB,
+        metavar="GB",
+        help=f"the most GB {what} may take in all; more is refused before anything is "
+        "allocated (default: %(default)s)",
+    )
+
+
+def check_gb(nbytes: int, max_gb: float | None, what: str, smaller: str) -> None:
+    """A usage error where ``what`` would take more than ``max_gb`` GB (None: no limit), raised
+    before anything is allocated; ``smaller`` names the options that make it smaller."""
+    if max_gb is not None and nbytes > max_gb * 1e9:
+        raise UsageError(
+            f"{what} would take {gigabytes(nbytes)}, more than --max-gb {max_gb:g}; give "
+            f"{smaller}, or raise --max-gb"
+        )
+
+
+def gigabytes(n: int) -> str:
+    value = n / 1e9
+    return f"{value:,.0f} GB" if value >= 100 else f"{value:.3g} GB"

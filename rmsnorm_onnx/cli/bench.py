@@ -10,6 +10,7 @@ from typing import Any
 
 from ..bench import ALL_IMPLS, CEILING, DEFAULT_DTYPES, OPS, OURS, shape_text  # stdlib only
 from ..bench.machine import describe_machine
+from ..bench.ops import ITEMSIZES
 from ..errors import UsageError
 from . import argtypes, console
 
@@ -101,14 +102,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="threads of onnxruntime, torch and the ceiling's copy (default: one per core)",
     )
-    p.add_argument(
-        "--max-gb",
-        type=argtypes.positive_float,
-        default=DEFAULT_MAX_GB,
-        metavar="GB",
-        help="refuse a shape whose inputs and outputs would take more than this, before "
-        "allocating them (default: %(default)s)",
-    )
+    argtypes.add_max_gb(p, "a shape's inputs and outputs")
     p.add_argument("--plot", metavar="FILE.png", help="draw GB/s against hidden size")
     p.add_argument("--json", metavar="FILE.json", help="write the rows and the machine as JSON")
     p.add_argument(
@@ -120,22 +114,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-DEFAULT_MAX_GB = 4.0
-
-
 def _check_sizes(
     ops: list[str], shapes: list[tuple[int, ...]] | None, dtypes: list[str], max_gb: float
 ) -> None:
-    """Like run's --max-input-gb: a shape too large for this machine is refused up front."""
-    itemsize = max({"float16": 2, "bfloat16": 2}.get(d, 4) for d in dtypes)
+    """A shape too large for this machine is refused up front, as run's random inputs are."""
+    itemsize = max(ITEMSIZES.get(d, 4) for d in dtypes)
     for name in ops:
         for shape in OPS[name].shapes if shapes is None else shapes:
-            size = OPS[name].moved_bytes(shape, itemsize)
-            if size > max_gb * 1e9:
-                raise UsageError(
-                    f"--op {name} {shape_text(shape)}: its inputs and outputs take "
-                    f"{size / 1e9:.3g} GB, more than --max-gb {max_gb:g}"
-                )
+            what = f"--op {name} {shape_text(shape)}: its inputs and outputs"
+            argtypes.check_gb(
+                OPS[name].moved_bytes(shape, itemsize), max_gb, what, "smaller --shapes"
+            )
 
 
 def run(args: argparse.Namespace) -> int:

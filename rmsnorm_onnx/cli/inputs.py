@@ -21,6 +21,7 @@ import onnx
 
 from ..errors import InvalidModelError, UsageError
 from ..onnx_io import NUMPY_TYPES
+from . import argtypes
 
 T = TypeVar("T")
 
@@ -210,12 +211,12 @@ def make_feeds(
     int_highs: Mapping[str, int] | None = None,
     seed: int = 0,
     default_dim: int = DEFAULT_DIM,
-    max_bytes: int | None = None,
+    max_gb: float | None = None,
 ) -> tuple[dict[str, Feed], list[str]]:
     """Build every input; returns the feeds and the notes about defaults that were chosen.
 
     Usage errors name what was wrong: an unknown input or dim, a shape or type that does not fit,
-    random inputs that would take more than ``max_bytes`` (checked before allocating).
+    random inputs that would take more than ``max_gb`` GB (checked before allocating).
     """
     dims, shapes, arrays = dict(dims or {}), dict(shapes or {}), dict(arrays or {})
     int_highs = int_highs or {}
@@ -250,7 +251,7 @@ def make_feeds(
         for spec in specs
         if spec.name not in arrays
     }
-    _check_size(specs, random_shapes, max_bytes)
+    _check_size(specs, random_shapes, max_gb)
     for spec in specs:
         if spec.name in random_shapes:
             shape = random_shapes[spec.name]
@@ -263,29 +264,20 @@ def make_feeds(
 
 
 def _check_size(
-    specs: list[InputSpec], shapes: Mapping[str, tuple[int, ...]], max_bytes: int | None
+    specs: list[InputSpec], shapes: Mapping[str, tuple[int, ...]], max_gb: float | None
 ) -> None:
     sizes = {
         s.name: math.prod(shapes[s.name]) * s.dtype.itemsize for s in specs if s.name in shapes
     }
-    total = sum(sizes.values())
-    if max_bytes is not None and total > max_bytes:
+    if sizes:
         largest = max(sizes, key=sizes.__getitem__)
         spec = next(s for s in specs if s.name == largest)
         shown = f"{spec.type_name}[{', '.join(map(str, shapes[largest]))}]"
-        raise UsageError(
-            f"random inputs would take {_gigabytes(total)} (largest: {largest} {shown}), more "
-            f"than the limit of {_gigabytes(max_bytes)}; give smaller --dim/--shape values, or "
-            "raise the limit with --max-input-gb"
-        )
+        what = f"random inputs (largest: {largest} {shown})"
+        argtypes.check_gb(sum(sizes.values()), max_gb, what, "smaller --dim/--shape values")
     for name, shape in shapes.items():
         if any(d > _MAX_DIM for d in shape) or math.prod(d for d in shape if d) > _MAX_DIM:
             raise UsageError(f"input {name!r}: shape {_fmt(shape)} is too large for an array")
-
-
-def _gigabytes(n: int) -> str:
-    value = n / 1e9
-    return f"{value:,.0f} GB" if value >= 100 else f"{value:.3g} GB"
 
 
 def _resolve_shape(

@@ -10,8 +10,6 @@ from typing import Any
 from ..errors import RMSNormOnnxError, UsageError
 from . import argtypes, console
 
-DEFAULT_MAX_INPUT_GB = 4.0
-
 EPILOG = """\
 examples:
   rmsnorm-onnx run models/rmsnorm-layer.fused.onnx
@@ -91,14 +89,7 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
         default=0,
         help="seed of the random inputs, >= 0 (default: %(default)s)",
     )
-    p.add_argument(
-        "--max-input-gb",
-        type=argtypes.positive_float,
-        default=DEFAULT_MAX_INPUT_GB,
-        metavar="GB",
-        help="refuse random inputs larger than this in all, before allocating them "
-        "(default: %(default)s)",
-    )
+    argtypes.add_max_gb(p, "random inputs")
     p.add_argument(
         "--default-dim",
         type=argtypes.positive_int,
@@ -189,7 +180,7 @@ def _feeds(args: argparse.Namespace, model: Any) -> dict[str, Any]:
         int_highs=inputs.integer_highs(model),
         seed=args.seed,
         default_dim=args.default_dim or inputs.DEFAULT_DIM,
-        max_bytes=int(args.max_input_gb * 1e9),
+        max_gb=args.max_gb,
     )
     for line in notes:
         console.note(f"note: {line}")

@@ -19,7 +19,7 @@ struct BufferSpan {
   const void* data = nullptr;
   int64_t bytes = 0;
   bool output = false;
-  bool row_shaped = false;  // X's shape and type: an output may take its buffer whole
+  bool row_shaped = false;  // the outputs' shape and type: an output may take its buffer whole
 };
 
 // Two spans that must not share memory as they do; {nullptr, nullptr} when none.
@@ -56,11 +56,11 @@ ForbiddenOverlap FindForbiddenOverlap(const BufferSpan (&spans)[N]) {
 inline const char* OverlapRule(const ForbiddenOverlap& f) {
   if (f.other->output) return "each output needs memory of its own";
   if (!f.other->row_shaped) {
-    return "every row reads that input (scale, bias, a skip broadcast over rows), so no output "
-           "may be bound over it";
+    return "every row reads that input (scale, bias, an X or skip broadcast over rows), so no "
+           "output may be bound over it";
   }
-  return "an output may be bound to exactly an input's buffer (X, or a skip of X's shape) or to "
-         "memory of its own, not to part of one";
+  return "an output may be bound to exactly an input's buffer (X or skip, of the outputs' shape) "
+         "or to memory of its own, not to part of one";
 }
 
 }  // namespace rmsnorm_onnx

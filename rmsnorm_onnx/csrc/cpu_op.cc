@@ -209,8 +209,9 @@ OrtStatus* CpuKernel::Compute(void* kernel, OrtKernelContext* context) noexcept 
     args.y = p.y;
     args.scale = ParamFloats(s, 0, p.scale, norm, p.cols, buffers[0], buffers[1]);
     args.bias = ParamFloats(s, 1, p.bias, norm, p.cols, buffers[2], buffers[3]);
+    args.x_map = p.x_map;
     args.skip = p.skip;
-    args.skip_rows = p.skip_rows;
+    args.skip_map = p.skip_map;
     args.sum = p.sum;
     args.cols = p.cols;
     args.epsilon = s.attrs.epsilon;

@@ -20,17 +20,19 @@
 #include <memory>
 
 #include "dtype.h"
+#include "row_map.h"
 
 namespace rmsnorm_onnx {
 
 struct RowArgs {
   DType dtype = DType::kFloat32;   // X, skip, Y, S
-  const void* x = nullptr;         // [rows, cols]
+  const void* x = nullptr;         // [x_map.rows, cols]; output row r reads MapRow(x_map, r)
+  RowMap x_map;
   void* y = nullptr;               // [rows, cols]
   const float* scale = nullptr;    // [cols] or nullptr
   const float* bias = nullptr;     // [cols] or nullptr
-  const void* skip = nullptr;      // SkipRMSNorm: [skip_rows, cols]; row r adds r % skip_rows
-  int64_t skip_rows = 1;
+  const void* skip = nullptr;      // SkipRMSNorm: [skip_map.rows, cols], as x
+  RowMap skip_map;
   void* sum = nullptr;             // SkipRMSNorm: S [rows, cols], or nullptr (not written)
   int64_t cols = 0;
   float epsilon = 1e-6f;

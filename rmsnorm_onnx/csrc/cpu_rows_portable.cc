@@ -101,12 +101,12 @@ template <typename E>
 const typename E::T* Source(const RowArgs& a, int64_t row, typename E::T* buffer, double* ss) {
   using T = typename E::T;
   const int64_t n = a.cols;
-  const T* x = static_cast<const T*>(a.x) + row * n;
+  const T* x = static_cast<const T*>(a.x) + MapRow(a.x_map, row) * n;
   if (a.skip == nullptr) {
     *ss = RowSumSquares<E>(x, n);
     return x;
   }
-  const T* skip = static_cast<const T*>(a.skip) + (row % a.skip_rows) * n;
+  const T* skip = static_cast<const T*>(a.skip) + MapRow(a.skip_map, row) * n;
   T* s = a.sum != nullptr ? static_cast<T*>(a.sum) + row * n : buffer;
   *ss = AddSumSquares<E>(x, skip, s, n);
   return s;

@@ -77,8 +77,9 @@ OrtStatus* CudaKernel::Compute(void* kernel, OrtKernelContext* context) noexcept
     params.cols = p.cols;
     params.epsilon = s.attrs.epsilon;
     params.eps_outside = s.attrs.eps_outside;
+    params.x_map = p.x_map;
     params.skip = p.skip;  // nullptr for RMSNorm
-    params.skip_rows = p.skip_rows;
+    params.skip_map = p.skip_map;
     params.sum = p.sum;
     if (const char* error = cuda::Launch(params, stream)) {
       throw OpError{ORT_FAIL, s.label + ": CUDA kernel launch failed: " + error};

@@ -2,6 +2,7 @@
 
 #include "buffer_overlap.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -267,24 +268,26 @@ ParamView ReadParam(Ort::KernelContext& ctx, size_t input_count, size_t index, c
 
 namespace {
 
-// Whether skip has X's shape, or X's shape with leading dims dropped or set to 1, and covers the
-// normalized dims [axis, rank) in full (as reference.skip_fits).
-bool SkipFits(const std::vector<int64_t>& x, const std::vector<int64_t>& skip, int64_t axis) {
-  if (skip.size() > x.size()) return false;
+// The leading dims of X + skip, or why they do not fit: skip's rank is at most X's (missing dims
+// count as 1); before axis the two broadcast against each other (numpy's rules: equal, or either
+// is 1); from axis on skip has X's dims (the residual differs per row, never within one). As
+// reference.skip_sum_shape.
+std::string SkipLeading(const std::vector<int64_t>& x, const std::vector<int64_t>& skip,
+                        int64_t axis, std::vector<int64_t>* lead) {
+  if (skip.size() > x.size()) return "skip has a higher rank than X";
   const size_t pad = x.size() - skip.size();
-  size_t first = 0;  // from the first dim that matches X's on, every dim must match
-  while (first < skip.size() && skip[first] != x[pad + first]) {
-    if (skip[first] != 1) return false;  // before it, only 1s
-    ++first;
+  lead->assign(x.begin(), x.begin() + axis);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const int64_t s = i < pad ? 1 : skip[i - pad];
+    if (static_cast<int64_t>(i) >= axis) {
+      if (s != x[i]) return "skip's dims from axis on are not X's";
+    } else if (s != x[i] && s != 1 && x[i] != 1) {
+      return "a leading dim of skip and X are neither equal nor 1";
+    } else if (x[i] == 1) {
+      (*lead)[i] = s;
+    }
   }
-  for (size_t i = first; i < skip.size(); ++i) {
-    if (skip[i] != x[pad + i]) return false;
-  }
-  // the dims skip broadcasts over must lie before the normalized ones (or be 1 in X too)
-  for (size_t i = static_cast<size_t>(axis); i < pad + first; ++i) {
-    if (x[i] != 1) return false;
-  }
-  return true;
+  return {};
 }
 
 void ReadSkip(Ort::KernelContext& ctx, Problem& p, const std::string& label, int64_t axis_attr) {
@@ -294,28 +297,41 @@ void ReadSkip(Ort::KernelContext& ctx, Problem& p, const std::string& label, int
   auto info = skip.GetTensorTypeAndShapeInfo();
   CheckSkipType(info.GetElementType(), p.x_dtype, label);
   const std::vector<int64_t> shape = info.GetShape();
-  if (!SkipFits(p.x_shape, shape, p.axis)) {
+  std::vector<int64_t> lead;
+  const std::string why = SkipLeading(p.x_shape, shape, p.axis, &lead);
+  if (!why.empty()) {
     Fail(label, "skip of shape " + ShapeString(shape) + " does not fit X of shape " +
-                    ShapeString(p.x_shape) + " (axis " + std::to_string(axis_attr) +
-                    "): skip must have X's shape, or X's shape with leading dims dropped or set " +
-                    "to 1, covering X.shape[axis:] in full");
+                    ShapeString(p.x_shape) + " (axis " + std::to_string(axis_attr) + "): " + why +
+                    "; X and skip must broadcast against each other over the dims before axis " +
+                    "and both hold X.shape[axis:] in full");
   }
-  const auto count = static_cast<int64_t>(info.GetElementCount());
+  const std::vector<int64_t> x_lead(p.x_shape.begin(), p.x_shape.begin() + p.axis);
+  // skip's dims before axis (right-aligned to X's; none where skip starts within the normalized)
+  const auto pad = static_cast<int64_t>(p.x_shape.size() - shape.size());
+  const std::vector<int64_t> skip_lead(shape.begin(),
+                                       shape.begin() + std::max<int64_t>(0, p.axis - pad));
+  if (!MakeRowMap(lead, x_lead, &p.x_map) || !MakeRowMap(lead, skip_lead, &p.skip_map)) {
+    Fail(label, "X of shape " + ShapeString(p.x_shape) + " and skip of shape " +
+                    ShapeString(shape) + " broadcast in more than " +
+                    std::to_string(kMaxRowDims) + " alternating runs of dims");
+  }
+  p.y_shape = lead;
+  p.y_shape.insert(p.y_shape.end(), p.x_shape.begin() + p.axis, p.x_shape.end());
+  p.rows = ElementCount(lead);
   p.skip = skip.GetTensorRawData();
-  p.skip_rows = p.cols > 0 ? count / p.cols : 0;
 }
 
 // Outputs bound (through IOBinding) over inputs or each other: see buffer_overlap.h.
 void CheckOverlaps(const Problem& p, const std::string& label) {
   const int64_t es = ElementBytes(p.x_dtype);
-  const int64_t row_bytes = p.rows * p.cols * es;
+  const int64_t row_bytes = p.rows * p.cols * es;  // Y, S
   auto param = [&](const char* name, const ParamView& v) {
     return BufferSpan{name, v.present ? v.data : nullptr,
                       v.present ? ElementCount(v.shape) * ElementBytes(v.dtype) : 0, false, false};
   };
   const BufferSpan spans[] = {
-      {"X", p.x, row_bytes, false, true},
-      {"skip", p.skip, p.skip_rows * p.cols * es, false, p.skip_rows == p.rows},
+      {"X", p.x, p.x_map.rows * p.cols * es, false, IsIdentity(p.x_map, p.rows)},
+      {"skip", p.skip, p.skip_map.rows * p.cols * es, false, IsIdentity(p.skip_map, p.rows)},
       param("scale", p.scale),
       param("bias", p.bias),
       {"Y", p.y, row_bytes, true, true},
@@ -354,6 +370,8 @@ Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& a
   p.rows = 1;
   p.cols = 1;
   for (int64_t i = 0; i < rank; ++i) (i < p.axis ? p.rows : p.cols) *= p.x_shape[i];
+  p.x_map.rows = p.rows;
+  p.y_shape = p.x_shape;
   if (kind == OpKind::kSkip) ReadSkip(ctx, p, label, attrs.axis);
   const std::vector<int64_t> norm(p.x_shape.begin() + p.axis, p.x_shape.end());
   const size_t count = ctx.GetInputCount();
@@ -362,12 +380,12 @@ Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& a
                       norm, p, label, attrs.axis);
   p.bias = ReadParam(ctx, count, first + 1, "bias", x_dtype, constants ? &constants[1] : nullptr,
                      norm, p, label, attrs.axis);
-  Ort::UnownedValue y = ctx.GetOutput(0, p.x_shape);
+  Ort::UnownedValue y = ctx.GetOutput(0, p.y_shape);
   p.x = x.GetTensorRawData();
   p.y = y.GetTensorMutableRawData();
   if (kind == OpKind::kSkip && ctx.GetOutputCount() > 1) {
     // an S the graph does not use is no output at all: ORT hands back nullptr
-    Ort::UnownedValue sum = ctx.GetOutput(1, p.x_shape);
+    Ort::UnownedValue sum = ctx.GetOutput(1, p.y_shape);
     if (sum != nullptr) p.sum = sum.GetTensorMutableRawData();
   }
   CheckOverlaps(p, label);

@@ -10,6 +10,7 @@
 #include <onnxruntime_cxx_api.h>
 
 #include "dtype.h"
+#include "row_map.h"
 
 namespace rmsnorm_onnx {
 
@@ -70,21 +71,24 @@ struct ParamView {
   int64_t period = 1;
 };
 
-// One call's inputs, checked: X seen as [rows, cols] with cols = prod(X.shape[axis:]).
-// SkipRMSNorm: skip is [skip_rows, cols] (row r of X adds row r % skip_rows), and `sum` is where
-// S goes (nullptr when the graph does not use S).
+// One call's inputs, checked: Y seen as [rows, cols] with cols = prod(X.shape[axis:]). RMSNorm:
+// Y has X's shape. SkipRMSNorm: Y and S have the shape of X + skip, the two broadcast against
+// each other over the leading dims; output row r reads X's row MapRow(x_map, r) and skip's row
+// MapRow(skip_map, r); `sum` is where S goes (nullptr when the graph does not use S).
 struct Problem {
   DType x_dtype = DType::kFloat32;
   std::vector<int64_t> x_shape;
+  std::vector<int64_t> y_shape;
   int64_t axis = 0;  // normalized to [0, rank)
   int64_t rows = 0;
   int64_t cols = 0;
   const void* x = nullptr;
+  RowMap x_map;
   void* y = nullptr;
   ParamView scale;
   ParamView bias;
   const void* skip = nullptr;
-  int64_t skip_rows = 0;
+  RowMap skip_map;
   void* sum = nullptr;
 };
 

@@ -18,7 +18,7 @@ from onnxscript.rewriter import pattern
 
 from .. import op_schema
 from .canonical import PATTERN_TAG, SOURCE_TAG
-from .values import FLOAT_TYPES, fits_normalized, one_plus_constant
+from .values import FLOAT_TYPES, fits_normalized, one_plus_constant, squeezed
 
 
 def emit(
@@ -165,7 +165,7 @@ class AbsorbScale(pattern.RewriteRuleClassBase):
         f = Fused.of(normed)
         if f.inputs[1] is not None or f.inputs[2] is not None:
             return result.fail("the norm already has a scale or bias", f.node)
-        why = fits_normalized(w, f.inputs[0], _normalized_axes(f.node))
+        why = fits_normalized(w, f.inputs[0], _normalized_axes(f.node), squeeze=True)
         if why is not None:
             return result.fail(f"scale Mul: {why}", w)
         if None not in (w.dtype, normed.dtype) and w.dtype != normed.dtype:
@@ -174,6 +174,7 @@ class AbsorbScale(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, w, normed, **_):
         f = Fused.of(normed)
+        w = _squeezed(op, w, _normalized_axes(f.node))
         folded = one_plus_constant(w)
         if folded is not None:
             tensor = ir.tensor(folded, name=f"{w.name}_folded")
@@ -197,7 +198,7 @@ class AbsorbBias(pattern.RewriteRuleClassBase):
         f = Fused.of(normed)
         if f.inputs[2] is not None:
             return result.fail("the norm already has a bias", f.node)
-        why = fits_normalized(b, f.inputs[0], _normalized_axes(f.node))
+        why = fits_normalized(b, f.inputs[0], _normalized_axes(f.node), squeeze=True)
         if why is not None:
             return result.fail(f"bias Add: {why}", b)
         if None not in (b.dtype, normed.dtype) and b.dtype != normed.dtype:
@@ -206,7 +207,19 @@ class AbsorbBias(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, b, normed, **_):
         f = Fused.of(normed)
+        b = _squeezed(op, b, _normalized_axes(f.node))
         return emit(op, [*f.inputs[:2], b], f.attrs, f.label + " +bias", f.source)
+
+
+def _squeezed(op, param: ir.Value, n_axes: int | None) -> ir.Value:
+    """param, or a constant of its values without the leading 1s beyond the normalized dims."""
+    array = squeezed(param, n_axes)
+    if array is None:
+        return param
+    tensor = ir.tensor(array, name=f"{param.name}_squeezed")
+    value = op.Constant(value=tensor)
+    value.dtype, value.shape = tensor.dtype, ir.Shape(tensor.shape)
+    return value
 
 
 def absorb_rules() -> list[pattern.RewriteRule]:

@@ -19,8 +19,8 @@ import onnx_ir as ir
 import onnxscript.optimizer
 
 from . import diagnose, driver, patterns, recognise, skip, sources, types
-from .canonical import PATTERN_TAG, is_canonical
-from .report import FuseReport
+from .canonical import PATTERN_TAG, SOURCE_TAG, is_canonical
+from .report import FROM_PLAIN_OPS, FuseReport
 
 _MAX_ABSORB_ROUNDS = 8  # Cast, scale, Cast, bias: a chain absorbs in at most four rounds
 
@@ -74,8 +74,12 @@ def canonicalize(model: ir.Model, report: FuseReport, proto: onnx.ModelProto | N
     report.notes += diagnose.partial_notes(model, absorb)
     for node in _canonical(model):
         label = node.metadata_props.pop(PATTERN_TAG, None)
-        if label is not None:  # raised from a decomposed chain or grown by an absorbed op
-            report.fused[label] += 1
+        if label is None:  # a norm op as the file had it
+            continue
+        # raised from plain ops, or a norm op of the file grown by the Casts, scale, bias or
+        # residual Add around it: only the first is a norm fused here
+        source = node.metadata_props.get(SOURCE_TAG, "")
+        (report.fused if source.startswith(FROM_PLAIN_OPS) else report.grown)[label] += 1
 
 
 def _drop_unused_subgraph_initializers(model: ir.Model) -> None:

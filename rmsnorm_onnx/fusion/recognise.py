@@ -37,7 +37,14 @@ from .algebra import (
 from .canonical import PATTERN_TAG, SOURCE_TAG
 from .diagnose import where
 from .report import Skip
-from .values import FLOAT_TYPES, constant_array, fits_normalized, one_plus_constant, rank
+from .values import (
+    FLOAT_TYPES,
+    constant_array,
+    fits_normalized,
+    one_plus_constant,
+    rank,
+    squeezed,
+)
 
 # the ops a norm is made of, and Q/DQ (walked through to say that they round the chain)
 WALK_OPS = frozenset(
@@ -193,7 +200,7 @@ def _input(value: ir.Value, read: Product, numerator: ir.Value, ms: MeanSquare) 
 
 
 def _check_scale(scale: ir.Value, x: ir.Value, ms: MeanSquare) -> None:
-    why = fits_normalized(scale, x, -ms.axis if ms.axis < 0 else None)
+    why = fits_normalized(scale, x, -ms.axis if ms.axis < 0 else None, squeeze=True)
     if why is None and scale.dtype not in (x.dtype, ir.DataType.FLOAT):
         why = f"the scale is {_dtype(scale)}, X {_dtype(x)}"
     if why is not None:  # a note where it looks like a scale: a weight, not an activation
@@ -294,6 +301,9 @@ def rewrite(norm: Norm) -> ir.Node:
         label += f" +scale(x{norm.coef:.6g} folded)"
     elif scale is not None:
         label += " +scale" if scale is norm.scale else " +scale(1+w folded)"
+    flat = None if scale is None else squeezed(scale, -norm.axis if norm.axis < 0 else None)
+    if flat is not None:  # a constant [1, 1, H]: the op takes the normalized dims only
+        scale = _constant(flat, scale, graph, producer)
     inputs = [norm.x] if scale is None else [norm.x, scale]
     node = ir.node(
         op_schema.OP_TYPE,

@@ -1,6 +1,7 @@
 """What a fuse run did: what the file now holds (the headline: "converted 5 norms to
-RMSNormalization", "lowered 9 norms to plain ops"), norms fused per pattern (and with their
-residual Add), what each norm became for the target, candidates skipped per reason, notes."""
+RMSNormalization", "lowered 9 norms to plain ops"), the norms fused here from plain ops and those
+that were norm ops already (each per pattern, and how many of each the written file holds with
+their residual Add), what each norm became for the target, candidates skipped per reason, notes."""
 
 from __future__ import annotations
 
@@ -24,7 +25,12 @@ class FuseReport:
 
     target: str
     fused: Counter[str] = dataclasses.field(default_factory=Counter)  # pattern -> count
-    with_skip: int = 0  # fused norms that absorbed the residual Add in front of them
+    # norm ops already in the file that took in what stood around them: "RMSNormalization +cast
+    # +residual Add" -> count (a norm op left as it was has no pattern)
+    grown: Counter[str] = dataclasses.field(default_factory=Counter)
+    # residual Adds the raise stage absorbed, whatever the target then writes (``residual_kept``:
+    # those the written file holds inside a norm)
+    with_skip: int = 0
     # what lowering made of each canonical node: "SkipSimplifiedLayerNormalization → SkipRMSNorm"
     converted: Counter[str] = dataclasses.field(default_factory=Counter)
     skipped: list[Skip] = dataclasses.field(default_factory=list)
@@ -36,6 +42,23 @@ class FuseReport:
         return sum(self.fused.values())
 
     @property
+    def already_count(self) -> int:
+        """Norms that were norm ops before this run (another tool's, or ours)."""
+        return sum(self.converted.values()) - self.fused_count
+
+    @property
+    def residual_kept(self) -> tuple[int, int]:
+        """Residual Adds absorbed here that the written file holds inside a norm op: (of norms
+        fused from plain ops, of norms fused already). A target without a residual form writes
+        the Add apart again ("decomposed + Add → Add + RMSNormalization")."""
+        kept = [0, 0]
+        for conversion, n in self.converted.items():
+            source, _, written = conversion.partition(" → ")
+            if source.endswith(ABSORBED_ADD) and not written.startswith("Add + "):
+                kept[not source.startswith(FROM_PLAIN_OPS)] += n
+        return kept[0], kept[1]
+
+    @property
     def skipped_by_reason(self) -> Counter[str]:
         return Counter(s.reason for s in self.skipped)
 
@@ -44,7 +67,12 @@ class FuseReport:
             "target": self.target,
             "fused": self.fused_count,
             "fused_by_pattern": dict(sorted(self.fused.items())),
+            "fused_already": self.already_count,
+            "grown_by_pattern": dict(sorted(self.grown.items())),
             "with_skip": self.with_skip,
+            "residual_adds_kept": dict(
+                zip(("fused", "fused_already"), self.residual_kept, strict=True)
+            ),
             "converted": dict(sorted(self.converted.items())),
             "written": dict(sorted(self.written.items())),
             "skipped": len(self.skipped),
@@ -83,21 +111,20 @@ class FuseReport:
 
     def summary(self, *, verbose: bool = False) -> str:
         lines = [self.headline()]
+        plain_kept, already_kept = self.residual_kept
         if self.fused_count:
-            fused = f"fused {_norms(self.fused_count)} from plain ops"
-            if self.with_skip:
-                its = "its" if self.with_skip == 1 else "their"
-                fused += f", {self.with_skip} with {its} residual Add"
-            lines.append(fused)
-        already = sum(self.converted.values()) - self.fused_count
+            lines.append(f"fused {_norms(self.fused_count)} from plain ops{_with(plain_kept, '')}")
+            lines += _counted(self.fused)
+        already = self.already_count
         if already > 0:  # norms another tool (or we) had fused
-            lines.append(f"{_norms(already)} {'was' if already == 1 else 'were'} fused already")
-        lines += [f"  {n:4d} x {pattern}" for pattern, n in sorted(self.fused.items())]
+            were = "was" if already == 1 else "were"
+            lines.append(f"{_norms(already)} {were} fused already{_with(already_kept, 'now ')}")
+            lines += _counted(self.grown)
         if self.converted:
             lines.append("written as")
-            lines += [f"  {n:4d} x {what}" for what, n in sorted(self.converted.items())]
+            lines += _counted(self.converted)
         lines.append(f"skipped {len(self.skipped)} candidate(s)")
-        lines += [f"  {n:4d} x {reason}" for reason, n in sorted(self.skipped_by_reason.items())]
+        lines += _counted(self.skipped_by_reason)
         if verbose:
             lines += [f"    {s.node} ({s.graph}): {s.reason}" for s in self.skipped]
         lines += [f"note: {note}" for note in self.notes]
@@ -107,6 +134,8 @@ class FuseReport:
 
 
 PLAIN = "plain ops"
+FROM_PLAIN_OPS = "decomposed"  # the source form of a norm raised from plain ops
+ABSORBED_ADD = " + Add"  # appended to the source form where a residual Add was absorbed
 
 
 def _form(label: str) -> str:
@@ -114,6 +143,18 @@ def _form(label: str) -> str:
     RMSNormalization (a residual Add in front, a bias Add after it)."""
     label = label.removeprefix("Add + ").removesuffix(" + Add")
     return PLAIN if label == PLAIN else label
+
+
+def _with(kept: int, now: str) -> str:
+    """ ", 3 with their residual Add" ("" for none)."""
+    if not kept:
+        return ""
+    return f", {kept} {now}with {'its' if kept == 1 else 'their'} residual Add"
+
+
+def _counted(counts: Counter[str]) -> list[str]:
+    """One line per pattern, form or reason: "     4 x decomposed + Add → SkipRMSNorm"."""
+    return [f"  {n:4d} x {pattern}" for pattern, n in sorted(counts.items())]
 
 
 def _norms(n: int) -> str:

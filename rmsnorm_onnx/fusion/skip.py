@@ -2,8 +2,9 @@
 
     h = Add(a, b);  y = RMSNorm(h, scale?, bias?)   ->   y, h = SkipRMSNorm(X, skip, scale?, bias?)
 
-X is the operand of the full shape, skip the other (it may drop or set to 1 leading dims, as
-``reference.skip_fits`` says). Both must be activations of one type: an Add with a constant operand
+X and skip broadcast against each other over the leading dims as the Add does
+(``reference.skip_sum_shape``); both hold the normalized dims, provably. Both must be activations
+of one type: an Add with a constant operand
 is a bias, not a residual. ``keep_sum``: the sum is read elsewhere (the next residual) or is a graph
 output, so S replaces it (keeping its name); otherwise S is left out. Consumers of the sum placed
 before the norm are moved after it by a topological sort of the graph.
@@ -21,7 +22,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from .. import op_schema
-from ..reference import skip_fits
+from ..reference import normalized_axes
 from .dims import Dims
 from .driver import containers
 from .patterns import Fused, emit
@@ -41,6 +42,24 @@ def _text(value: ir.Value) -> str:
     return "?" if value.shape is None else str(list(value.shape))
 
 
+def _fits(tx: tuple, ts: tuple, axis: int) -> bool:
+    """Dim tokens of X and skip that SkipRMSNorm takes whatever their leading dims are when the
+    graph runs (the Add they came from broadcast those): skip's rank at most X's, and skip holds
+    X's normalized dims, provably equal (a residual never broadcasts within a row)."""
+    rank = len(tx)
+    start = normalized_axes(rank, axis)[0]
+    pad = rank - len(ts)
+    full = (1,) * pad + tuple(ts)  # missing dims count as 1
+    return pad >= 0 and all(full[i] == tx[i] for i in range(start, rank))
+
+
+def _covers(tx: tuple, ts: tuple, axis: int) -> bool:
+    """As ``_fits``, and skip's leading dims are provably 1 or X's: S has X's shape, the form
+    onnxruntime's SkipSimplifiedLayerNormalization also takes."""
+    pad = len(tx) - len(ts)
+    return _fits(tx, ts, axis) and all(d in (1, tx[pad + i]) for i, d in enumerate(ts))
+
+
 def x_and_skip(
     a: ir.Value,
     b: ir.Value,
@@ -51,7 +70,11 @@ def x_and_skip(
     """(X, skip) for SkipRMSNorm from the Add's operands, or why they do not fit. Where the
     declared or inferred shapes prove nothing, ``dims`` proves dims equal from how the graph
     computes them, and ``inferred`` (main graph only) compares the shapes onnxruntime's symbolic
-    inference computes for both (without merging symbols, so equal names are equal dims)."""
+    inference computes for both (without merging symbols, so equal names are equal dims).
+
+    X is the operand whose shape S has where that is provable (then lowering to onnxruntime's
+    skip op stays possible), else the one of higher rank: SkipRMSNorm broadcasts the two against
+    each other over the leading dims as the Add does."""
     for value in (a, b):
         if _constant(value):
             return f"the Add has a constant operand '{value.name}': a bias, not a residual"
@@ -64,21 +87,21 @@ def x_and_skip(
         shapes.append(dims.aligned(a, b) or (None, None))
     if inferred is not None:
         shapes.append((inferred.tokens(a), inferred.tokens(b)))
-    for ta, tb in shapes:
-        if ta is None or tb is None:
-            continue
-        try:
-            if skip_fits(ta, tb, axis):
-                return a, b
-            if skip_fits(tb, ta, axis):
-                return b, a
-        except ValueError as e:  # the norm's axis is out of range for the operands' rank
-            return f"the norm's axis does not fit the operands: {e}"
-    if shapes[0][0] is None or shapes[0][1] is None:
+    shapes = [(ta, tb) for ta, tb in shapes if ta is not None and tb is not None]
+    if not shapes:
         return "cannot prove the operands' shapes fit SkipRMSNorm: a rank is unknown"
+    try:
+        for fit in (_covers, _fits):
+            for ta, tb in shapes:
+                if len(ta) >= len(tb) and fit(ta, tb, axis):
+                    return a, b
+                if len(tb) >= len(ta) and fit(tb, ta, axis):
+                    return b, a
+    except ValueError as e:  # the norm's axis is out of range for the operands' rank
+        return f"the norm's axis does not fit the operands: {e}"
     return (
-        f"a broadcast SkipRMSNorm does not accept (or cannot prove equal dims): "
-        f"{_text(a)} + {_text(b)}"
+        f"cannot prove both operands hold the normalized dims in full (a residual never "
+        f"broadcasts within a row): {_text(a)} + {_text(b)}"
     )
 
 

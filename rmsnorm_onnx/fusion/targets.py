@@ -78,6 +78,8 @@ def _skip_op_misfit(n: Norm) -> str | None:
         return "skip's last two dims are not provably X's"
     if len(x_dims) == 2 and len(s_dims) != 2:
         return "skip broadcasts over a rank-2 X"
+    if len(s_dims) == 3 and s_dims[0] != 1 and not proof.equal(n.skip, 0, n.x, 0):
+        return "skip's first dim is not provably 1 or X's (the contrib op cannot broadcast X)"
     if n.dtype is None or n.skip.dtype != n.dtype:
         return "the types of X and skip are unknown or differ"
     if n.bias is not None and n.bias.dtype != n.dtype:  # it would be added after rounding Y

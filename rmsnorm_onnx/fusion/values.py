@@ -58,11 +58,15 @@ def rank(value: ir.Value) -> int | None:
     return None if value.shape is None else len(value.shape)
 
 
-def fits_normalized(param: ir.Value, x: ir.Value, n_axes: int | None) -> str | None:
+def fits_normalized(
+    param: ir.Value, x: ir.Value, n_axes: int | None, squeeze: bool = False
+) -> str | None:
     """None if ``param`` broadcasts into the last ``n_axes`` dims of ``x`` only, else why not.
 
     The product must keep x's shape: every dim of param is 1 or provably equal to x's dim.
-    ``n_axes=None`` means "all of x's axes" (rank may be unknown).
+    ``n_axes=None`` means "all of x's axes" (rank may be unknown). ``squeeze``: a constant may
+    have more dims, all 1, up to x's rank (Keras writes a scale [1, 1, H]); the caller then
+    uses ``squeezed(param, n_axes)``.
     """
     if param.shape is None:
         return f"the shape of '{param.name}' is unknown"
@@ -75,10 +79,12 @@ def fits_normalized(param: ir.Value, x: ir.Value, n_axes: int | None) -> str | N
             "broadcasting could add dims"
         )
     if limit is not None and len(p_dims) > limit:
-        return (
-            f"'{param.name}' of shape {_shape_text(p_dims)} broadcasts over axes outside the "
-            f"{limit} normalized one(s)"
-        )
+        if not (squeeze and squeezed(param, limit) is not None and x_dims is not None
+                and len(p_dims) <= len(x_dims)):  # fmt: skip
+            return (
+                f"'{param.name}' of shape {_shape_text(p_dims)} broadcasts over axes outside the "
+                f"{limit} normalized one(s)"
+            )
     for j in range(1, len(p_dims) + 1):
         pd = p_dims[-j]
         if pd == 1:
@@ -90,6 +96,16 @@ def fits_normalized(param: ir.Value, x: ir.Value, n_axes: int | None) -> str | N
                 f"normalized dims of {_shape_text(x_dims)}"
             )
     return None
+
+
+def squeezed(param: ir.Value, n_axes: int | None) -> np.ndarray | None:
+    """A constant ``param`` with its leading dims of 1 beyond the last ``n_axes`` dropped, or None
+    when there are none to drop (or it is no constant, or a dropped dim is not 1)."""
+    if n_axes is None or param.shape is None or len(param.shape) <= n_axes:
+        return None
+    extra = list(param.shape)[: len(param.shape) - n_axes]
+    array = constant_array(param) if all(d == 1 for d in extra) else None
+    return None if array is None else array.reshape(array.shape[len(extra) :])
 
 
 def _same_dim(a: object, b: object) -> bool:

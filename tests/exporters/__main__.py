@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-TOOLS = ("keras_tf", "jax_flax", "paddle_llama", "olive_l2norm")
+TOOLS = ("keras_tf", "keras_jax", "jax_flax", "paddle_llama", "olive_l2norm", "olive_peephole")
 
 
 def _generate(tool: str, out: Path) -> None:

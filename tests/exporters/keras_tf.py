@@ -17,10 +17,11 @@ import numpy as np
 import tensorflow as tf
 import tf2onnx
 
-from .common import Entry, count_calls
+from .common import Entry
+from .keras_models import BATCH, HIDDEN, MODELS, SEQ, count_norms, randomize, residual_model, sample
 
 OPSETS = (17, 18)
-VOCAB, BATCH, SEQ, HIDDEN = 64, 2, 8, 32
+VOCAB = 64
 
 
 def _norm_classes() -> list[type]:
@@ -31,14 +32,6 @@ def _norm_classes() -> list[type]:
     from keras_hub.src.models.t5.t5_layer_norm import T5LayerNorm
 
     return [keras.layers.RMSNormalization, LlamaLayerNorm, Gemma3Norm, Qwen3LayerNorm, T5LayerNorm]
-
-
-def _randomize(model: keras.Model, seed: int) -> None:
-    """Random noise on every weight, so no scale is all ones or zeros (1 + 0 in Gemma)."""
-    rng = np.random.default_rng(seed)
-    model.set_weights(
-        [w + 0.1 * rng.standard_normal(w.shape).astype(w.dtype) for w in model.get_weights()]
-    )
 
 
 def _token_model(backbone: keras.Model, names: tuple[str, ...]) -> keras.Model:
@@ -65,37 +58,12 @@ def _feeds(names: tuple[str, ...]) -> tuple[dict, dict, dict]:
 
 
 def _count(model: keras.Model, feeds: list[np.ndarray]) -> int:
-    with count_calls(_norm_classes()) as calls:
-        model(feeds if len(feeds) > 1 else feeds[0], training=False)
-    return len(calls)
+    return count_norms(model, feeds, _norm_classes())
 
 
 def _tf2onnx(model: keras.Model, specs: list[tf.TensorSpec], opset: int) -> bytes:
     proto, _ = tf2onnx.convert.from_keras(model, input_signature=specs, opset=opset)
     return proto.SerializeToString()
-
-
-def _layer_model(seed: int) -> keras.Model:
-    keras.utils.set_random_seed(seed)
-    x = keras.Input((SEQ, HIDDEN), name="x")
-    model = keras.Model(x, keras.layers.RMSNormalization(epsilon=1e-6)(x))
-    _randomize(model, seed)
-    return model
-
-
-def _residual_model(seed: int) -> keras.Model:
-    """Pre-norm blocks with residual Adds, the final norm last: three norms, two residuals."""
-    keras.utils.set_random_seed(seed)
-    x = keras.Input((SEQ, HIDDEN), name="x")
-    h = x
-    for i in range(2):
-        y = keras.layers.RMSNormalization(epsilon=1e-5, name=f"norm{i}")(h)
-        y = keras.layers.Dense(HIDDEN, name=f"proj{i}")(y)
-        h = keras.layers.Add(name=f"residual{i}")([h, y])
-    out = keras.layers.RMSNormalization(epsilon=1e-5, name="final_norm")(h)
-    model = keras.Model(x, out)
-    _randomize(model, seed)
-    return model
 
 
 def _backbones() -> dict[str, tuple[Callable[[], keras.Model], tuple[str, ...]]]:
@@ -144,9 +112,9 @@ def _backbones() -> dict[str, tuple[Callable[[], keras.Model], tuple[str, ...]]]
 
 
 def _float_entries(seed: int) -> Iterator[Entry]:
-    x = np.random.default_rng(seed).standard_normal((BATCH, SEQ, HIDDEN)).astype(np.float32)
+    x = sample(seed)
     spec = [tf.TensorSpec((None, SEQ, HIDDEN), tf.float32, name="x")]
-    for kind, build in (("layer", _layer_model), ("residual", _residual_model)):
+    for kind, build in MODELS.items():
         model = build(seed)
         norms = _count(model, [x])
         for opset in OPSETS:
@@ -167,7 +135,7 @@ def _hub_entries(seed: int) -> Iterator[Entry]:
     for family, (make, names) in _backbones().items():
         keras.utils.set_random_seed(seed)
         backbone = make()
-        _randomize(backbone, seed)
+        randomize(backbone, seed)
         model = _token_model(backbone, names)
         feeds, inputs, ranges = _feeds(names)
         norms = _count(model, [feeds[n] for n in names])
@@ -187,8 +155,8 @@ def _hub_entries(seed: int) -> Iterator[Entry]:
 
 def _keras_export_entries(seed: int) -> Iterator[Entry]:
     """Keras's own ``model.export(format="onnx")`` (tf2onnx underneath on this backend)."""
-    model = _residual_model(seed)
-    x = np.random.default_rng(seed).standard_normal((BATCH, SEQ, HIDDEN)).astype(np.float32)
+    model = residual_model(seed)
+    x = sample(seed)
     norms = _count(model, [x])
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"

@@ -35,7 +35,7 @@ class _Decoder(torch.nn.Module):
         return self.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
 
 
-def _llama(seed: int, ones: bool) -> torch.nn.Module:
+def llama(seed: int, ones: bool) -> torch.nn.Module:
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
         hidden_size=64,
@@ -55,7 +55,7 @@ def _llama(seed: int, ones: bool) -> torch.nn.Module:
     return _Decoder(model)
 
 
-def _norms(module: torch.nn.Module, ids: torch.Tensor) -> int:
+def count_norms(module: torch.nn.Module, ids: torch.Tensor) -> int:
     calls = []
     hooks = [
         m.register_forward_hook(lambda *_: calls.append(1))
@@ -69,9 +69,8 @@ def _norms(module: torch.nn.Module, ids: torch.Tensor) -> int:
     return len(calls)
 
 
-def _surgery(module: torch.nn.Module, ids: torch.Tensor) -> onnx.ModelProto:
-    from olive.passes.onnx.graph_surgeries import RMSNormToL2Norm
-
+def torchscript_export(module: torch.nn.Module, ids: torch.Tensor) -> onnx.ModelProto:
+    """torch's TorchScript exporter at opset 17, batch and sequence dynamic."""
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         path = Path(tmp) / "model.onnx"
@@ -85,18 +84,26 @@ def _surgery(module: torch.nn.Module, ids: torch.Tensor) -> onnx.ModelProto:
             output_names=["hidden"],
             dynamic_axes={"ids": {0: "batch", 1: "seq"}},
         )
-        proto = onnx.load(path)
+        return onnx.load(path)
+
+
+def _surgery(module: torch.nn.Module, ids: torch.Tensor) -> onnx.ModelProto:
     import onnx_ir as ir
+    from olive.passes.onnx.graph_surgeries import RMSNormToL2Norm
     from onnx_ir.passes.common import DeduplicateHashedInitializersPass
 
-    proto = RMSNormToL2Norm()(proto)
+    proto = RMSNormToL2Norm()(torchscript_export(module, ids))
     return ir.to_proto(DeduplicateHashedInitializersPass()(ir.from_proto(proto)).model)
 
 
+def sample_ids(seed: int) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(seed).integers(0, VOCAB, (BATCH, SEQ)))
+
+
 def entries(seed: int = 0) -> Iterator[Entry]:
-    ids = torch.from_numpy(np.random.default_rng(seed).integers(0, VOCAB, (BATCH, SEQ)))
+    ids = sample_ids(seed)
     for kind, ones in (("random", False), ("ones", True)):
-        module = _llama(seed, ones)
+        module = llama(seed, ones)
         model = _surgery(module, ids)
         lp = sum(n.op_type == "LpNormalization" for n in model.graph.node)
         if lp == 0:
@@ -104,7 +111,7 @@ def entries(seed: int = 0) -> Iterator[Entry]:
         yield Entry(
             name=f"olive_l2norm_llama_{kind}_weights",
             model=model.SerializeToString(),
-            norms=_norms(module, ids),
+            norms=count_norms(module, ids),
             source=f"olive-ai {version('olive-ai')} RMSNormToL2Norm surgery ({lp} norms "
             f"rewritten) on a torch {torch.__version__} TorchScript export of a tiny "
             f"transformers {transformers.__version__} LlamaModel ({kind} norm weights)",

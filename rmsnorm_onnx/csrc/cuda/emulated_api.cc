@@ -117,6 +117,12 @@ struct RmsnormEmulatedParams {
   int64_t rows, cols, scale_inner, scale_period, bias_inner, bias_period, skip_rows;
   int64_t scale_count, bias_count;
   float epsilon;
+  // lead_rank > 0: the leading dims of Y, X and skip (X's and skip's padded with 1s on the left),
+  // from which the row maps are made as the op makes them; else X is [rows, cols] and skip
+  // [skip_rows, cols], read at row r % skip_rows.
+  int32_t lead_rank;
+  int64_t y_lead[rmsnorm_onnx::kMaxRowDims], x_lead[rmsnorm_onnx::kMaxRowDims],
+      skip_lead[rmsnorm_onnx::kMaxRowDims];
 };
 
 // Mirrors LaunchConfig for ctypes, with what a run did.
@@ -126,7 +132,8 @@ struct RmsnormEmulatedConfig {
   int64_t threads_launched, threads_loading, row_data_bytes;  // emu::RunStats (runs only)
 };
 
-// Params from the ctypes mirror; false for an element type the kernels do not take.
+// Params from the ctypes mirror; false for an element type the kernels do not take, or leading
+// dims no row map expresses.
 static bool ToParams(const RmsnormEmulatedParams& e, rmsnorm_onnx::cuda::Params* out) {
   rmsnorm_onnx::cuda::Params& p = *out;
   if (!rmsnorm_onnx::DTypeFromOnnx(e.x_type, &p.x_type) ||
@@ -148,8 +155,15 @@ static bool ToParams(const RmsnormEmulatedParams& e, rmsnorm_onnx::cuda::Params*
   p.bias_period = e.bias_period;
   p.epsilon = e.epsilon;
   p.eps_outside = e.eps_outside != 0;
-  p.skip_rows = e.skip_rows;
-  return true;
+  if (e.lead_rank < 0 || e.lead_rank > rmsnorm_onnx::kMaxRowDims) return false;
+  if (e.lead_rank == 0) {
+    p.x_map.rows = e.rows;
+    p.skip_map.rows = e.skip_rows;
+    return true;
+  }
+  const std::vector<int64_t> y(e.y_lead, e.y_lead + e.lead_rank);
+  return rmsnorm_onnx::MakeRowMap(y, {e.x_lead, e.x_lead + e.lead_rank}, &p.x_map) &&
+         rmsnorm_onnx::MakeRowMap(y, {e.skip_lead, e.skip_lead + e.lead_rank}, &p.skip_map);
 }
 
 static void ExportConfig(const LaunchConfig& c, RmsnormEmulatedConfig* out) {
@@ -186,7 +200,7 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
   namespace rc = rmsnorm_onnx::cuda;
   rc::Params p;
   if (params == nullptr || !ToParams(*params, &p)) {
-    rc::CopyError("element type not supported by the kernels", error, error_len);
+    rc::CopyError("element type not supported by the kernels, or no row map", error, error_len);
     return -1;
   }
   if (const char* e = rc::CheckParams(p)) {
@@ -197,10 +211,11 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
   const LaunchConfig config = rc::ChooseLaunchConfig(p, max_smem_bytes, max_grid);
   const size_t es = ElementBytes(p.x_type);
   const size_t bytes = static_cast<size_t>(p.rows * p.cols) * es;
-  const size_t skip_bytes = static_cast<size_t>(p.skip_rows * p.cols) * es;
+  const size_t x_bytes = static_cast<size_t>(p.x_map.rows * p.cols) * es;
+  const size_t skip_bytes = static_cast<size_t>(p.skip_map.rows * p.cols) * es;
   rc::EmulatedLaunch launch{config, schedule_seed, rc::MakeKernelArgs(p, config), {}, {}, {}};
   launch.regions = {
-      {p.x, bytes, false, "X", true},
+      {p.x, x_bytes, false, "X", true},
       {p.y, bytes, true, "Y"},
       {p.skip, p.skip ? skip_bytes : 0, false, "skip", true},
       {p.sum, p.sum ? bytes : 0, true, "S"},

@@ -77,12 +77,13 @@ inline int VectorWidth(const Params& p) {
   const uintptr_t x = Addr(p.x) % kVectorBytes;
   const int full = kVectorBytes / ElementBytes(p.x_type);
   if (Addr(p.y) % kVectorBytes != x) return 1;
+  // rows of X or skip read out of step with Y's (broadcast rows): their misalignment follows Y's
+  // only if a row is whole vectors
+  const bool whole_rows = (p.cols * ElementBytes(p.x_type)) % kVectorBytes == 0;
+  if (!IsIdentity(p.x_map, p.rows) && !whole_rows) return 1;
   if (p.skip != nullptr) {
     if (Addr(p.skip) % kVectorBytes != x) return 1;
-    // a broadcast skip row r % skip_rows: its misalignment follows X's only if the distance
-    // between X rows r and r % skip_rows (a multiple of skip_rows rows) is whole vectors
-    const int64_t period_bytes = p.skip_rows * p.cols * ElementBytes(p.x_type);
-    if (p.skip_rows != p.rows && period_bytes % kVectorBytes != 0) return 1;
+    if (!IsIdentity(p.skip_map, p.rows) && !whole_rows) return 1;
   }
   if (p.sum != nullptr && Addr(p.sum) % kVectorBytes != x) return 1;
   return full;
@@ -144,6 +145,20 @@ inline LaunchConfig ChooseLaunchConfig(const Params& p, int max_smem_bytes = kDe
   return c;
 }
 
+// Whether every output row maps to a row of the input's `m.rows` (rows > 0 only).
+inline bool ValidMap(const RowMap& m, int64_t rows) {
+  if (rows == 0) return true;
+  if (m.rows < 1 || m.rank < 0 || m.rank > kMaxRowDims) return false;
+  if (m.rank == 0) return rows == 0 || rows % m.rows == 0;
+  int64_t out = 1, last = 0;  // the last row read: the sum of (dim - 1) * stride
+  for (int i = 0; i < m.rank; ++i) {
+    if (m.dims[i] < 1 || m.strides[i] < 0) return false;
+    out *= m.dims[i];
+    last += (m.dims[i] - 1) * m.strides[i];
+  }
+  return out == rows && last < m.rows;
+}
+
 // Parameter checks shared by Launch and the emulation. nullptr when the launch is valid.
 inline const char* CheckParams(const Params& p) {
   if (!IsDType(static_cast<int>(p.x_type))) return "rmsnorm_onnx CUDA: unsupported X type";
@@ -151,8 +166,8 @@ inline const char* CheckParams(const Params& p) {
   if (p.cols > 0x7fffffff) return "rmsnorm_onnx CUDA: rows of more than 2^31-1 elements";
   if (!(p.epsilon >= 0.0f)) return "rmsnorm_onnx CUDA: epsilon must be >= 0";
   if (p.sum != nullptr && p.skip == nullptr) return "rmsnorm_onnx CUDA: S without skip";
-  if (p.skip != nullptr && (p.skip_rows < 1 || p.rows % p.skip_rows != 0))
-    return "rmsnorm_onnx CUDA: skip rows must divide X's rows";
+  if (!ValidMap(p.x_map, p.rows) || (p.skip != nullptr && !ValidMap(p.skip_map, p.rows)))
+    return "rmsnorm_onnx CUDA: a row map of X or skip does not fit the rows";
   if (p.rows == 0 || p.cols == 0) return nullptr;
   if (p.x == nullptr || p.y == nullptr) return "rmsnorm_onnx CUDA: X or Y is null";
   // A GPU faults on an access not aligned to its size: element-misaligned tensors are refused.
@@ -177,10 +192,10 @@ inline const char* CheckParams(const Params& p) {
   }
   // The op refuses these with the buffers' names (op_common.cc); a direct caller is told here.
   const int64_t row_bytes = p.rows * p.cols * ElementBytes(p.x_type);
+  const int64_t bytes_per_row = p.cols * ElementBytes(p.x_type);
   const BufferSpan spans[] = {
-      {"X", p.x, row_bytes, false, true},
-      {"skip", p.skip, p.skip_rows * p.cols * ElementBytes(p.x_type), false,
-       p.skip_rows == p.rows},
+      {"X", p.x, p.x_map.rows * bytes_per_row, false, IsIdentity(p.x_map, p.rows)},
+      {"skip", p.skip, p.skip_map.rows * bytes_per_row, false, IsIdentity(p.skip_map, p.rows)},
       {"scale", p.scale, p.scale ? p.scale_period * ElementBytes(p.scale_type) : 0, false, false},
       {"bias", p.bias, p.bias ? p.bias_period * ElementBytes(p.bias_type) : 0, false, false},
       {"Y", p.y, row_bytes, true, true},

@@ -4,10 +4,11 @@
 #include <cstdint>
 
 #include "dtype.h"
+#include "row_map.h"
 
 namespace rmsnorm_onnx::cuda {
 
-// One RMSNorm or SkipRMSNorm launch over a [rows, cols] view of X (cols = prod(X.shape[axis:])).
+// One RMSNorm or SkipRMSNorm launch over a [rows, cols] view of Y (cols = prod(X.shape[axis:])).
 // SkipRMSNorm (skip != nullptr) normalizes S = X + skip, rounded to X's type, instead of X, and
 // stores S where `sum` points (when the graph asks for it).
 struct Params {
@@ -26,11 +27,13 @@ struct Params {
   int64_t bias_inner = 1, bias_period = 1;
   float epsilon = 1e-6f;
   bool eps_outside = false;
-  // SkipRMSNorm: X's type, [skip_rows, cols]; row r of X adds row r % skip_rows of skip
-  // (skip_rows divides rows: a skip broadcast over X's leading dims).
+  // SkipRMSNorm: X's type; output row r adds skip's row MapRow(skip_map, r) to X's row
+  // MapRow(x_map, r) (X and skip broadcast against each other over the leading dims; RMSNorm:
+  // x_map is the identity).
+  RowMap x_map;
   const void* skip = nullptr;  // nullptr: plain RMSNorm
-  int64_t skip_rows = 0;
-  void* sum = nullptr;         // S, X's type and shape; nullptr when not requested
+  RowMap skip_map;
+  void* sum = nullptr;         // S, [rows, cols] as Y; nullptr when not requested
 };
 
 // Enqueues the kernel on `stream` (a cudaStream_t) without synchronizing or allocating.

@@ -41,9 +41,10 @@ struct ParamRef {
 struct KernelArgs {
   const void* x = nullptr;
   void* y = nullptr;
+  RowMap x_map;
   const void* skip = nullptr;  // SkipRMSNorm kernels only
+  RowMap skip_map;
   void* sum = nullptr;         // S; nullptr: not stored
-  int64_t skip_rows = 1;
   ParamRef scale, bias;
   int64_t rows = 0;
   int cols = 0;
@@ -70,9 +71,10 @@ inline KernelArgs MakeKernelArgs(const Params& p, const LaunchConfig& c) {
   KernelArgs a;
   a.x = p.x;
   a.y = p.y;
+  a.x_map = p.x_map;
   a.skip = p.skip;
+  a.skip_map = p.skip_map;
   a.sum = p.sum;
-  a.skip_rows = p.skip != nullptr ? p.skip_rows : 1;
   a.scale = MakeParamRef(p.scale, p.scale_type, p.scale_inner, p.scale_period, p.cols);
   a.bias = MakeParamRef(p.bias, p.bias_type, p.bias_inner, p.bias_period, p.cols);
   a.rows = p.rows;
@@ -242,8 +244,8 @@ RMSNORM_DEVICE RowView<T, VEC> LocateRow(const KernelArgs& a, int64_t row, bool 
   RowView<T, VEC> r;
   r.cols = a.cols;
   r.active = active;
-  r.x = static_cast<const T*>(a.x) + row * r.cols;
-  r.skip = SKIP ? static_cast<const T*>(a.skip) + (row % a.skip_rows) * r.cols : nullptr;
+  r.x = static_cast<const T*>(a.x) + MapRow(a.x_map, row) * r.cols;
+  r.skip = SKIP ? static_cast<const T*>(a.skip) + MapRow(a.skip_map, row) * r.cols : nullptr;
   r.s = SKIP && a.sum ? static_cast<T*>(a.sum) + row * r.cols : nullptr;
   r.y = static_cast<T*>(a.y) + row * r.cols;
   r.head = 0;

@@ -1,0 +1,82 @@
+// Which row of an input a row of SkipRMSNorm's output reads. X and skip broadcast against each
+// other over the dims before the normalized ones (numpy's rules: a dim of 1, or a missing one, is
+// read again at every index of the other's), so each has a map from the output's rows to its own.
+// Plain C++, for the CPU rows, the CUDA kernels (host and device) and the emulation alike.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#if defined(__CUDACC__)
+#define RMSNORM_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define RMSNORM_HOST_DEVICE inline
+#endif
+
+namespace rmsnorm_onnx {
+
+inline constexpr int kMaxRowDims = 8;
+
+struct RowMap {
+  int64_t rows = 1;  // the rows the input holds
+  // rank 0: output row r reads row r % rows: the input is the output's trailing rows, repeated
+  // (a full-size input, or one that drops or sets to 1 only leading dims: the common cases).
+  // Otherwise the output's leading dims, runs of dims that broadcast alike merged into one, and
+  // the input's row stride along each (0 where the input broadcasts).
+  int32_t rank = 0;
+  int64_t dims[kMaxRowDims] = {};
+  int64_t strides[kMaxRowDims] = {};
+};
+
+RMSNORM_HOST_DEVICE int64_t MapRow(const RowMap& m, int64_t row) {
+  if (m.rank == 0) return row % m.rows;
+  int64_t at = 0;
+  for (int i = m.rank - 1; i >= 0; --i) {
+    at += (row % m.dims[i]) * m.strides[i];
+    row /= m.dims[i];
+  }
+  return at;
+}
+
+// Whether output row r reads input row r (the map is the identity on `rows` output rows).
+RMSNORM_HOST_DEVICE bool IsIdentity(const RowMap& m, int64_t rows) {
+  return m.rank == 0 && m.rows == rows;
+}
+
+// The map of an input whose leading dims are `in` (right-aligned to `out`, missing ones 1) onto
+// output leading dims `out`, which `in` broadcasts to (the caller checked). False when more than
+// kMaxRowDims runs remain after merging (dims alternating between read and broadcast that often).
+inline bool MakeRowMap(const std::vector<int64_t>& out, const std::vector<int64_t>& in,
+                       RowMap* map) {
+  *map = RowMap{};
+  const size_t pad = out.size() - in.size();
+  std::vector<int64_t> dims;
+  std::vector<bool> read;  // false: the input broadcasts along this run
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == 1) continue;  // a dim of 1 moves no row
+    const bool r = i >= pad && in[i - pad] != 1;
+    if (!read.empty() && read.back() == r) {
+      dims.back() *= out[i];
+    } else {
+      dims.push_back(out[i]);
+      read.push_back(r);
+    }
+    if (r) map->rows *= out[i];
+  }
+  if (!read.empty() && !read.front()) {  // broadcast first: rank 0 if the rest is all read
+    if (read.size() == 1 || (read.size() == 2 && read[1])) return true;
+  } else if (read.size() <= 1) {
+    return true;  // all read (or no rows to move)
+  }
+  if (dims.size() > static_cast<size_t>(kMaxRowDims)) return false;
+  map->rank = static_cast<int32_t>(dims.size());
+  int64_t stride = 1;
+  for (size_t i = dims.size(); i-- > 0;) {
+    map->dims[i] = dims[i];
+    map->strides[i] = read[i] ? stride : 0;
+    if (read[i]) stride *= dims[i];
+  }
+  return true;
+}
+
+}  // namespace rmsnorm_onnx
