@@ -27,8 +27,8 @@ __all__ = [
     "bfloat16",
     "normalized_axes",
     "rms_norm",
-    "skip_sum_shape",
     "skip_rms_norm",
+    "skip_sum_shape",
     "tolerance",
 ]
 

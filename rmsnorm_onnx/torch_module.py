@@ -216,10 +216,11 @@ class RMSNorm(nn.Module):
 
         The residual form is vLLM's and SGLang's fused add: ``s`` is formed in ``x``'s dtype
         (rounded to it, as an unfused Add of that type is) and the norm reads the rounded ``s``.
-        ``residual`` has ``x``'s dtype and shape, or ``x``'s shape with leading dims dropped or
-        set to 1 (``[S, H]`` or ``[1, S, H]`` for ``x`` ``[B, S, H]``); it never broadcasts over
-        the normalized dims. Exported as one ``rmsnorm_onnx::SkipRMSNorm`` (fused), or an Add
-        in front of the chain (decomposed) or of ``RMSNormalization`` (standard).
+        ``residual`` has ``x``'s dtype and a rank at most ``x``'s; the two broadcast against each
+        other over the leading dims as ``x + residual`` does (``[S, H]``, ``[1, S, H]`` or
+        ``[B, 1, H]`` for ``x`` ``[B, S, H]``), never over the normalized dims. Exported as one
+        ``rmsnorm_onnx::SkipRMSNorm`` (fused), or an Add in front of the chain (decomposed) or of
+        ``RMSNormalization`` (standard).
         """
         k = len(self.normalized_shape)
         if x.dim() < k or tuple(x.shape[-k:]) != self.normalized_shape:

@@ -190,14 +190,9 @@ KNOWN_GAPS = {
     ("residual-contrib", "tf2onnx_kerashub_"): (
         "keras-hub feeds its attention a padding mask that is an input of its own, so nothing in "
         "the graph proves the attention output's batch and sequence dims equal X's: our "
-        "SkipRMSNorm broadcasts the two as the Add does, contrib's SkipSimplifiedLayerNormalization "
-        "cannot, and the residual stays an Add in front of SimplifiedLayerNormalization"
-    ),
-    ("round-trip-contrib", "tf2onnx_kerashub_"): (
-        "in the contrib form of keras-hub files, values after the first residual come out of "
-        "com.microsoft ops onnx cannot type, and onnxruntime's symbolic inference stops at the "
-        "attention's padding-mask broadcast unless it merges dims (unsound): norms on untyped "
-        "inputs are not raised back"
+        "SkipRMSNorm broadcasts the two as the Add does, contrib's "
+        "SkipSimplifiedLayerNormalization cannot, and the residual stays an Add in front of "
+        "SimplifiedLayerNormalization"
     ),
     ("residual-contrib", "olive_l2norm_llama_ones"): (
         "contrib's SkipSimplifiedLayerNormalization takes a 1-D gamma only; this file's weight "
@@ -235,8 +230,6 @@ def test_fused_outputs_equal_the_original(
 def test_round_trip_keeps_every_norm(
     request, path: Path, via: str, fused, fused_library: str
 ) -> None:
-    if via == "contrib":
-        _known_gap(request, "round-trip-contrib", path)
     norms = sidecar(path)["norms"]
     first, _ = fused(path, "custom")
     kinds = norm_ops(first, "custom")

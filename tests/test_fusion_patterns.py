@@ -461,3 +461,59 @@ def test_scale_that_could_add_dims_stays_outside_at_unknown_rank() -> None:
     got = run(fused, {"x": x})[0]
     assert got.shape == want.shape == (1, 3, 16)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _keras_scaled(scale_shape: tuple[int, ...], as_input: bool = False) -> onnx.ModelProto:
+    """The norm of x [b, s, 16] times a scale of ``scale_shape`` (Keras on JAX: [1, 1, 16]),
+    the scale a constant or (``as_input``) a graph input."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    f = TensorProto.FLOAT
+    w = np.random.default_rng(4).uniform(0.5, 1.5, scale_shape).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(np.float32(1e-6), "eps"),
+        numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+    ]
+    inputs = [helper.make_tensor_value_info("x", f, ["b", "s", 16])]
+    if as_input:
+        inputs.append(helper.make_tensor_value_info("w", f, list(scale_shape)))
+    else:
+        inits.append(numpy_helper.from_array(w, "w"))
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+        helper.make_node("Add", ["ms", "eps"], ["mse"]),
+        helper.make_node("Sqrt", ["mse"], ["rt"]),
+        helper.make_node("Div", ["x", "rt"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", inputs, [helper.make_tensor_value_info("y", f, None)], initializer=inits
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@pytest.mark.parametrize(
+    ("scale_shape", "as_input", "folded"),
+    [
+        ((1, 1, 16), False, True),  # Keras on JAX's scale
+        ((1, 16), False, True),
+        ((1, 1, 16), True, False),  # not a constant: its leading 1s stay a Mul's business
+        ((2, 1, 16), False, False),  # broadcasts the output over a new batch
+        ((1, 1, 1, 16), False, False),  # more dims than x: the Mul adds one
+    ],
+)
+def test_constant_scale_with_leading_ones_is_folded(scale_shape, as_input, folded) -> None:
+    original = _keras_scaled(scale_shape, as_input)
+    fused, report = fuse(original)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    [norm] = [n for n in fused.graph.node if n.op_type == op_schema.OP_TYPE]
+    assert (len(norm.input) == 2) is folded, report.summary(verbose=True)
+    assert ("Mul" in [n.op_type for n in fused.graph.node]) is not folded
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((2, 3, 16)).astype(np.float32)}
+    if as_input:
+        feeds["w"] = rng.uniform(0.5, 1.5, scale_shape).astype(np.float32)
+    np.testing.assert_allclose(run(fused, feeds)[0], run(original, feeds)[0], rtol=1e-5, atol=1e-5)

@@ -223,7 +223,9 @@ def _probe(nodes, inits=(), extra_inputs=()) -> dict[str, ir.Value]:
     unnamed dims (as onnx's inference leaves what it cannot follow; the rules prove the rest)."""
     inputs = [helper.make_tensor_value_info("x", F32, ["b", "s", H]), *extra_inputs]
     graph = helper.make_graph(nodes, "g", inputs, [], initializer=list(inits))
-    model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(helper.make_model(graph)))
+    opsets = [helper.make_opsetid("", onnx.defs.onnx_opset_version()), op_schema.opset_import()]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(model))
     found = {v.name: v for v in model.graph.inputs}
     for node in model.graph:
         for v in node.outputs:
@@ -261,6 +263,10 @@ SIZE_INITS = [_ints("k0", 0), _ints("k1", 1), _ints("zero", [0])]
         ("matmul-rows", 1, 1, True),
         ("matmul-batch-broadcast", 0, 0, False),  # b against another tensor's symbol
         ("concat-other-axis", 1, 1, True),
+        ("reshape-gathered-dims", 1, 1, True),  # tf2onnx: Gather(Shape(x), [0, 1])
+        ("reshape-gathered-other", 1, 1, False),  # Gather(Shape(x), [1, 0]): swapped
+        ("skip-norm-broadcast", 0, 0, False),  # SkipRMSNorm's S: X and skip broadcast
+        ("skip-norm-hidden", 2, 2, True),
     ],
 )
 def test_dims_rules(case: str, y_axis: int, x_axis: int, equal: bool) -> None:
@@ -269,6 +275,16 @@ def test_dims_rules(case: str, y_axis: int, x_axis: int, equal: bool) -> None:
         inits = [*SIZE_INITS, _ints("hd", [H])]
         nodes = [*SIZES, helper.make_node("Concat", ["u0", "u1", "hd"], ["shp"], axis=0),
                  helper.make_node("Reshape", ["x", "shp"], ["y"])]  # fmt: skip
+    elif case.startswith("reshape-gathered"):
+        order = [0, 1] if case == "reshape-gathered-dims" else [1, 0]
+        inits = [_ints("which", order), _ints("hd", [H])]
+        nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+                 helper.make_node("Gather", ["shape", "which"], ["lead"]),
+                 helper.make_node("Concat", ["lead", "hd"], ["shp"], axis=0),
+                 helper.make_node("Reshape", ["x", "shp"], ["y"])]  # fmt: skip
+    elif case.startswith("skip-norm"):
+        extra = [helper.make_tensor_value_info("r", F32, ["c", "s", H])]
+        nodes = [op_schema.make_skip_node(["x", "r"], ["y0", "y"])]
     elif case.startswith("reshape-"):
         target = [0, -1, H] if case == "reshape-zero-minus-one" else [0, -1, 16]
         inits = [_ints("shp", target)]

@@ -218,7 +218,8 @@ MASKED_FEEDS = {  # equal dims; x broadcast over the batch; each over the other'
 def test_residual_whose_operands_may_broadcast_is_absorbed(feeds: str) -> None:
     """SkipRMSNorm broadcasts X and skip as the Add does: the fused model computes the same on
     feeds where the Add broadcasts either operand, with our kernel and through the function
-    bodies alone; contrib's skip op cannot broadcast X, so contrib keeps the Add, with the reason."""
+    bodies alone; contrib's skip op cannot broadcast X, so contrib keeps the Add, with the
+    reason."""
     import onnxruntime as ort
 
     from rmsnorm_onnx import onnx_io

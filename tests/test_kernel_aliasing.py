@@ -130,3 +130,30 @@ def test_other_overlaps_are_refused(case):
     with pytest.raises((RuntimeError, *ORT_ERRORS), match=f"SkipRMSNorm node 'rmsnorm'.*{message}"):
         sess.run_with_iobinding(io)
     np.testing.assert_array_equal(shared, before)  # nothing written
+
+
+@pytest.mark.parametrize("output", ["y", "s"])
+def test_output_over_a_broadcast_x_is_refused(output):
+    """X [1, 64] broadcast over skip [4, 64]: every row reads X, so no output may be bound over
+    it, not even from its first element (as for a broadcast skip)."""
+    rows, cols = 4, 64
+    shared = np.zeros(rows * cols * 2, np.float32)
+    x = shared[:cols].reshape(1, cols)
+    x[...] = 1.0
+    before = shared.copy()
+    bound = shared[: rows * cols].reshape(rows, cols)
+    sess = session(
+        make_model("float32", skip_dtype="float32", scale_dtype="float32", with_sum=True),
+        providers=["cpu"],
+    )
+    io = sess.io_binding()
+    _bind(io, "x", x)
+    _bind(io, "skip", np.ones((rows, cols), np.float32))
+    _bind(io, "scale", np.ones(cols, np.float32))
+    other = "s" if output == "y" else "y"
+    _bind(io, output, bound, output=True)
+    _bind(io, other, np.zeros((rows, cols), np.float32), output=True)
+    with pytest.raises((RuntimeError, *ORT_ERRORS), match=f"output {output.upper()} shares memory "
+                       "with input X: every row reads that input"):  # fmt: skip
+        sess.run_with_iobinding(io)
+    np.testing.assert_array_equal(shared, before)

@@ -2,8 +2,8 @@
 
 Y within the dtype's tolerance of reference.skip_rms_norm, and S bit for bit the NumPy-rounded
 sum, over dtypes x variants x shapes (hidden 1, 3, 4097, 65536; rank 1-4; axis), X and skip
-broadcast against each other over leading dims, S present / absent / named '' in the node, constant parameters,
-both row kernels (streamed and not), and the skip errors.
+broadcast against each other over leading dims, S present / absent / named '' in the node,
+constant parameters, both row kernels (streamed and not), and the skip errors.
 """
 
 from __future__ import annotations

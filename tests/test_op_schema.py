@@ -47,6 +47,30 @@ def test_skip_rms_norm_outputs_take_x_type_and_shape(outputs):
         assert inferred[name] == (TensorProto.FLOAT16, ["batch", "seq", 8])
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "skip_shape", "out"),
+    [
+        ([1, "seq", 8], ["batch", "seq", 8], ["batch", "seq", 8]),  # X broadcasts
+        (["batch", 1, 8], [1, "seq", 8], ["batch", "seq", 8]),  # each over the other
+        (["b", "s", 8], [4, "s", 8], [4, "s", 8]),  # a number other than 1 is the dim
+        (["b", "s", 8], ["c", "s", 8], [None, "s", 8]),  # two names: unknown
+        (["b", "s", 8], [8], ["b", "s", 8]),
+    ],
+)
+def test_skip_rms_norm_outputs_take_the_broadcast_shape(x_shape, skip_shape, out):
+    node = op_schema.make_skip_node(["x", "skip", "w"], ["y", "s"])
+    model = _model(node, ["y", "s"])
+    inputs = model.graph.input
+    inputs[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT16, x_shape))
+    inputs[1].CopyFrom(helper.make_tensor_value_info("skip", TensorProto.FLOAT16, skip_shape))
+    inferred = _inferred(model)
+    for name in ("y", "s"):
+        dtype, dims = inferred[name]
+        assert dtype == TensorProto.FLOAT16
+        # an unknown dim gets a fresh name from onnx's inference, never x's or skip's
+        assert [None if str(d).startswith("unk__") else d for d in dims] == out
+
+
 def test_rms_norm_output_takes_x_type_and_shape():
     node = op_schema.make_node(["x", "w"], ["y"])
     assert _inferred(_model(node, ["y"]))["y"] == (TensorProto.FLOAT16, ["batch", "seq", 8])

@@ -9,8 +9,8 @@ from rmsnorm_onnx.reference import (
     bfloat16,
     normalized_axes,
     rms_norm,
-    skip_sum_shape,
     skip_rms_norm,
+    skip_sum_shape,
     tolerance,
 )
 

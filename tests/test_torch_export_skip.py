@@ -247,5 +247,5 @@ def test_fused_export_with_fusion_step_runs(fused_library, residuals) -> None:
 def test_bad_residual_is_our_error_from_export() -> None:
     from rmsnorm_onnx.errors import UsageError
 
-    with pytest.raises(UsageError, match=r"residual of shape \(2, 1, 8\) does not fit"):
-        export(RMSNorm(8), (torch.randn(2, 3, 8), torch.randn(2, 1, 8)), rmsnorm="fused")
+    with pytest.raises(UsageError, match=r"residual of shape \(3, 3, 8\) does not fit"):
+        export(RMSNorm(8), (torch.randn(2, 3, 8), torch.randn(3, 3, 8)), rmsnorm="fused")

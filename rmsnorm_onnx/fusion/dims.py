@@ -41,7 +41,6 @@ _SAME_SHAPE = {
 }  # fmt: skip
 _SAME_SHAPE |= {
     (DOMAIN, OP_TYPE): {0: 0},
-    (DOMAIN, SKIP_OP_TYPE): {0: 0, 1: 0},
     (MS_DOMAIN, ORT_SKIP_NORM): {0: 0, 3: 0},
     (MS_DOMAIN, "SkipLayerNormalization"): {0: 0, 3: 0},
     (MS_DOMAIN, "FastGelu"): {0: 0},
@@ -157,6 +156,8 @@ class Dims:
             if axis == rank - 1 or _rank(a) != rank:
                 return []
             return [self._at(a, axis, depth)]
+        if (node.domain, op) == (DOMAIN, SKIP_OP_TYPE):  # Y, S: X and skip broadcast
+            return self._broadcast([(v, None) for v in node.inputs[:2]], rank, axis, depth)
         if node.domain != "":
             return []
         if op in _BROADCAST:
@@ -348,6 +349,14 @@ class Dims:
             return [self._scalar(node.inputs[0], depth)]
         if node.op_type == "Reshape" and _rank(shape) == 1 and _rank(node.inputs[0]) in (0, 1):
             return [self._scalar(node.inputs[0], depth)]
+        if node.op_type == "Gather" and node.attributes.get_int("axis", 0) == 0:
+            index = _ints(node.inputs[1])  # tf2onnx picks dims out of a Shape by a 1-D index
+            data = self._elements(node.inputs[0], depth)
+            if index is None or data is None or _rank(node.inputs[1]) != 1:
+                return None
+            if not all(-len(data) <= k < len(data) for k in index):
+                return None
+            return [data[k] for k in index]
         if node.op_type == "Slice":
             data = self._elements(node.inputs[0], depth)
             starts, ends = _axes(node, 1, "starts"), _axes(node, 2, "ends")

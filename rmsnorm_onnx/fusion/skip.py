@@ -136,7 +136,7 @@ class ResidualAdd(pattern.RewriteRuleClassBase):
         f = Fused.of(normed)
         x, skip = self._order
         n = 2 if self.keep_sum else 1
-        return emit(
+        out = emit(
             op,
             [x, skip, *f.inputs[1:]],
             f.attrs,
@@ -145,6 +145,9 @@ class ResidualAdd(pattern.RewriteRuleClassBase):
             op_schema.SKIP_OP_TYPE,
             n,
         )
+        for value in out if n > 1 else [out]:  # the sum's shape, which may be neither X's
+            value.shape = normed.shape
+        return out
 
 
 def rules(inferred: Inferred | None = None) -> list[pattern.RewriteRule]:

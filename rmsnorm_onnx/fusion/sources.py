@@ -147,6 +147,8 @@ class Scale:
         while n_axes is not None and len(dims) > n_axes and dims[0] == 1:
             dims.pop(0)
             self.drop += 1
+        if n_axes == 1 and len(dims) == 1:
+            return None  # a 1-D scale over the last axis: the op's kernel checks its size
         probe = ir.Value(name=scale.name, shape=ir.Shape(dims), type=scale.type)
         return fits_normalized(probe, x, n_axes)
 

@@ -53,16 +53,29 @@ class Inferred:
     def __init__(self, proto: onnx.ModelProto | None) -> None:
         self.proto = proto
         self._known: dict[str, onnx.ValueInfoProto] | None = None
+        self._merged: dict[str, onnx.ValueInfoProto] | None = None
 
     def known(self) -> dict[str, onnx.ValueInfoProto]:
         if self._known is None:
-            self._known = {}
-            if self.proto is not None:
-                try:
-                    self._known = _ort_inference(self.proto)
-                except Exception as e:  # an op it cannot follow: nothing more is known
-                    _log.debug("symbolic shape inference failed: %s", e)
+            self._known = self._run(merge=False)
         return self._known
+
+    def merged(self) -> dict[str, onnx.ValueInfoProto]:
+        """The inference merging dims, as ORT's own tools run it: it goes past the broadcasts
+        the unmerged run stops at. Its element types are sound (no dim decides a type); its
+        shapes are not read."""
+        if self._merged is None:
+            self._merged = self._run(merge=True)
+        return self._merged
+
+    def _run(self, merge: bool) -> dict[str, onnx.ValueInfoProto]:
+        if self.proto is None:
+            return {}
+        try:
+            return _ort_inference(self.proto, merge)
+        except Exception as e:  # an op it cannot follow: nothing more is known
+            _log.debug("symbolic shape inference failed: %s", e)
+            return {}
 
     def tokens(self, value: ir.Value) -> tuple[object, ...] | None:
         """The value's dims as ORT infers them (ints, ``ort:`` symbols, or a fresh object for a
@@ -79,19 +92,19 @@ class Inferred:
 
 def fill(model: ir.Model, inferred: Inferred) -> int:
     """Set the element type (and a missing shape) of the main graph's values near a norm from
-    onnxruntime's symbolic shape inference; returns how many were set."""
+    onnxruntime's symbolic shape inference; returns how many were set. Where that stops short
+    of a value, the merging run gives its type, and the rank of every value it lacks (so that
+    ``dims.Dims`` can follow the graph through them)."""
     missing = _untyped(model)
     if not missing:
         return 0
-    table = {
-        name: info
-        for name, info in inferred.known().items()
-        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type
-    }
+    table = _typed(inferred.known())
     count = 0
+    merged = False
     for value in {id(v): v for v in missing}.values():
         info = table.get(value.name or "")
         if info is None:
+            merged = True
             continue
         tensor = info.type.tensor_type
         if value.dtype is None:
@@ -102,15 +115,43 @@ def fill(model: ir.Model, inferred: Inferred) -> int:
         if value.shape is None and known_op and tensor.HasField("shape"):
             value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
             count += 1
+    if merged:
+        by_name = _typed(inferred.merged())
+        for node in model.graph:
+            for value in node.outputs:
+                info = by_name.get(value.name or "")
+                if info is not None and (value.dtype is None or value.shape is None):
+                    count += _fill_from_merged(value, info.type.tensor_type)
     return count
 
 
-def _ort_inference(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+def _fill_from_merged(value: ir.Value, tensor: onnx.TypeProto.Tensor) -> int:
+    count = 0
+    if value.dtype is None:
+        value.dtype = ir.DataType(tensor.elem_type)
+        count += 1
+    producer = value.producer()
+    known_op = producer is not None and producer.domain in _HANDLED_DOMAINS
+    if value.shape is None and known_op and tensor.HasField("shape"):
+        value.shape = ir.Shape([None] * len(tensor.shape.dim))
+        count += 1
+    return count
+
+
+def _typed(table: dict[str, onnx.ValueInfoProto]) -> dict[str, onnx.ValueInfoProto]:
+    return {
+        name: info
+        for name, info in table.items()
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type
+    }
+
+
+def _ort_inference(proto: onnx.ModelProto, merge: bool = False) -> dict[str, onnx.ValueInfoProto]:
     """Every value onnxruntime's symbolic shape inference could type, by name. Run through its
     steps rather than ``infer_shapes``, which saves a model into the working folder when it
-    cannot type everything; what it did type is still of use. No dim merging (``auto_merge``
-    assumes dims that differ are equal, which is not a proof)."""
-    inference = symbolic_shape_inference()(2**31 - 1, False, True, 0)
+    cannot type everything; what it did type is still of use. ``merge``: ``auto_merge``, which
+    assumes dims that differ are equal (not a proof: only types are read from that run)."""
+    inference = symbolic_shape_inference()(2**31 - 1, merge, True, 0)
     inference._preprocess(proto)
     while inference.run_:
         try:

@@ -78,13 +78,15 @@ def fits_normalized(
             f"'{param.name}' has {len(p_dims)} dims and the input's rank is unknown: "
             "broadcasting could add dims"
         )
-    if limit is not None and len(p_dims) > limit:
-        if not (squeeze and squeezed(param, limit) is not None and x_dims is not None
-                and len(p_dims) <= len(x_dims)):  # fmt: skip
-            return (
-                f"'{param.name}' of shape {_shape_text(p_dims)} broadcasts over axes outside the "
-                f"{limit} normalized one(s)"
-            )
+    squeezable = (
+        squeeze and x_dims is not None and len(p_dims) <= len(x_dims) and squeezed(param, limit)
+        is not None
+    )  # fmt: skip
+    if limit is not None and len(p_dims) > limit and not squeezable:
+        return (
+            f"'{param.name}' of shape {_shape_text(p_dims)} broadcasts over axes outside the "
+            f"{limit} normalized one(s)"
+        )
     for j in range(1, len(p_dims) + 1):
         pd = p_dims[-j]
         if pd == 1:
