@@ -48,3 +48,43 @@ def test_incomplete_inference_writes_nothing_in_the_working_folder(tmp_path, mon
     _, report = fuse(_after_contrib_op(unknown_op=True))
     assert report.with_skip == 1, report.summary(verbose=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_past_a_broadcast_the_unmerged_inference_stops_at_types_and_ranks_come_from_merging():
+    """x [a, 16] + g [b, 16]: onnxruntime's inference without dim merging stops at the Add, and
+    onnx types nothing out of com.microsoft's FastGelu. The merging run gives FastGelu's output
+    its type and rank, with no dim (merging is no proof of one)."""
+    import onnx_ir as ir
+    from onnx import numpy_helper
+
+    from rmsnorm_onnx.fusion import types
+    from rmsnorm_onnx.op_schema import MS_DOMAIN as MS
+
+    nodes = [
+        helper.make_node("Add", ["x", "g"], ["h"]),
+        helper.make_node("FastGelu", ["h"], ["f"], domain="com.microsoft"),
+        helper.make_node("SimplifiedLayerNormalization", ["f", "w"], ["y"], axis=-1),
+    ]
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", f32, ["a", 16]),
+            helper.make_tensor_value_info("g", f32, ["b", 16]),
+        ],
+        [helper.make_tensor_value_info("y", f32, None)],
+        [numpy_helper.from_array(np.ones(16, np.float32), "w")],
+    )
+    proto = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    )
+    proto.ir_version = 8
+    model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(proto))
+    f = next(n for n in model.graph if n.op_type == "FastGelu").outputs[0]
+    assert f.dtype is None and f.shape is None
+    inferred = types.Inferred(proto)
+    assert "f" not in inferred.known()
+    assert types.fill(model, inferred) >= 2
+    assert f.dtype == ir.DataType.FLOAT
+    assert f.shape is not None and list(f.shape) == [ir.SymbolicDim(None)] * 2

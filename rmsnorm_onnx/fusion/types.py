@@ -106,34 +106,34 @@ def fill(model: ir.Model, inferred: Inferred) -> int:
         if info is None:
             merged = True
             continue
-        tensor = info.type.tensor_type
-        if value.dtype is None:
-            value.dtype = ir.DataType(tensor.elem_type)
-            count += 1
-        producer = value.producer()
-        known_op = producer is not None and producer.domain in _HANDLED_DOMAINS
-        if value.shape is None and known_op and tensor.HasField("shape"):
-            value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
-            count += 1
+        count += _set(value, info.type, dims=True)
     if merged:
         by_name = _typed(inferred.merged())
         for node in model.graph:
+            if _is_source(node):  # as above: the raise rules type what the norm ops give
+                continue
             for value in node.outputs:
                 info = by_name.get(value.name or "")
                 if info is not None and (value.dtype is None or value.shape is None):
-                    count += _fill_from_merged(value, info.type.tensor_type)
+                    count += _set(value, info.type, dims=False)
     return count
 
 
-def _fill_from_merged(value: ir.Value, tensor: onnx.TypeProto.Tensor) -> int:
+def _set(value: ir.Value, info: onnx.TypeProto, dims: bool) -> int:
+    """Set value's missing type and shape from ``info`` (``dims`` False: its rank only, every
+    dim unknown); returns how many were set. Shapes only out of ops ORT has handlers for."""
     count = 0
+    tensor = info.tensor_type
     if value.dtype is None:
         value.dtype = ir.DataType(tensor.elem_type)
         count += 1
     producer = value.producer()
     known_op = producer is not None and producer.domain in _HANDLED_DOMAINS
     if value.shape is None and known_op and tensor.HasField("shape"):
-        value.shape = ir.Shape([None] * len(tensor.shape.dim))
+        if dims:
+            value.shape = ir.serde.deserialize_type_proto_for_shape(info)
+        else:
+            value.shape = ir.Shape([None] * len(tensor.shape.dim))
         count += 1
     return count
 
