@@ -127,8 +127,13 @@ void CacheConstants(const Ort::ConstKernelInfo& info, State& s) {
 
 // Below this many elements a call runs on the calling thread: handing work to the pool costs more.
 constexpr int64_t kSerialElements = 1 << 15;
-// Elements per parallel task: rows are batched so that small rows are not one task each.
+// Elements per parallel task: rows are batched so that small rows are not one task each. Streamed
+// tasks are longer, so that the next-row prefetch runs ahead through most rows (2048x4096 to
+// 8192x8192, RMSNorm and SkipRMSNorm, fp32 and fp16: 1-5% faster than at 1 << 14 elements; the
+// cached 32768x128 was not faster), in at least kMinTasks tasks, so that every thread has work.
 constexpr int64_t kTaskElements = 1 << 14;
+constexpr int64_t kStreamTaskElements = 1 << 17;
+constexpr int64_t kMinTasks = 8;
 
 struct Job {
   RowsFn fn;
@@ -146,9 +151,9 @@ void RunTask(void* data, size_t task) {
 
 // The float32 value of a scale/bias for every col: the tensor itself when it already is that
 // (and is aligned to float: a caller's buffer need not be), else converted (or taken from the
-// constant cache) and expanded into the buffers.
-const float* ParamFloats(const State& s, size_t index, const ParamView& p,
-                         const std::vector<int64_t>& norm, int64_t cols,
+// constant cache) and expanded into the buffers. (Nothing is allocated for a float32 or constant
+// parameter of one value per col, the common case: a call of a 1x4096 RMSNorm takes ~5 us.)
+const float* ParamFloats(const State& s, size_t index, const ParamView& p, const Problem& problem,
                          std::vector<float>& values_buf, std::vector<float>& expanded_buf) {
   if (!p.present) return nullptr;
   const int64_t count = ElementCount(p.shape);
@@ -166,7 +171,9 @@ const float* ParamFloats(const State& s, size_t index, const ParamView& p,
     s.to_float(p.dtype, p.data, count, values_buf.data());
     values = values_buf.data();
   }
+  const int64_t cols = problem.cols;
   if (p.simple && p.inner == 1 && p.period == cols) return values;
+  const std::vector<int64_t> norm(problem.x_shape.begin() + problem.axis, problem.x_shape.end());
   expanded_buf.resize(static_cast<size_t>(cols));
   ExpandToFloat(values, p, norm, cols, expanded_buf.data());
   return expanded_buf.data();
@@ -201,14 +208,13 @@ OrtStatus* CpuKernel::Compute(void* kernel, OrtKernelContext* context) noexcept 
     Ort::KernelContext ctx{context};
     const Problem p = PrepareProblem(ctx, s.kind, s.attrs, s.x_dtype, s.label, s.constant);
     if (p.rows == 0 || p.cols == 0) return;
-    const std::vector<int64_t> norm(p.x_shape.begin() + p.axis, p.x_shape.end());
     std::vector<float> buffers[4];
     RowArgs args;
     args.dtype = p.x_dtype;
     args.x = p.x;
     args.y = p.y;
-    args.scale = ParamFloats(s, 0, p.scale, norm, p.cols, buffers[0], buffers[1]);
-    args.bias = ParamFloats(s, 1, p.bias, norm, p.cols, buffers[2], buffers[3]);
+    args.scale = ParamFloats(s, 0, p.scale, p, buffers[0], buffers[1]);
+    args.bias = ParamFloats(s, 1, p.bias, p, buffers[2], buffers[3]);
     args.x_map = p.x_map;
     args.skip = p.skip;
     args.skip_map = p.skip_map;
@@ -226,7 +232,9 @@ OrtStatus* CpuKernel::Compute(void* kernel, OrtKernelContext* context) noexcept 
       s.rows_fn(args, 0, p.rows);
       return;
     }
-    const int64_t rows_per_task = std::max<int64_t>(1, kTaskElements / p.cols);
+    const int64_t rows_per_task = std::max<int64_t>(
+        1, args.stream ? std::min(kStreamTaskElements / p.cols, p.rows / kMinTasks)
+                       : kTaskElements / p.cols);
     const int64_t tasks = (p.rows + rows_per_task - 1) / rows_per_task;
     Job job{s.rows_fn, &args, p.rows, rows_per_task};
     ctx.ParallelFor(&RunTask, static_cast<size_t>(tasks), 0, &job);

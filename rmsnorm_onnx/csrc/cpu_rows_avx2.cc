@@ -78,8 +78,9 @@ void Put(typename E::T* p, typename E::Raw v) {
   }
 }
 
-// Streaming stores need their natural alignment; `head` elements (< 8) are written first to reach
-// it. False when p is not even aligned to its element size: then nothing may be streamed.
+// Whether p may be streamed: false when it is not even aligned to its element size. `head`: the
+// elements (< 8) before p's vector alignment. (The kernels stream whole lines after a head that
+// reaches a line, see ScaleRow.)
 template <typename E>
 bool StreamHead(const typename E::T* p, int64_t n, int64_t* head) {
   const auto addr = reinterpret_cast<uintptr_t>(p);
@@ -157,7 +158,8 @@ double SumSquares(const typename E::T* x, int64_t n) {
 // The SkipRMSNorm row source: s = x + skip (in float32, rounded once to T: the correctly rounded
 // sum), written to `buf` (the second pass reads it from cache) and, when kSum, to the output S
 // (streamed when kStream: a line at a time after a head that aligns S to a line, as ScaleRow
-// writes y), and the sum of squares of the rounded s.
+// writes y; with y and S so written, 2048x4096 in ORT on 2 threads went from 0.90x to 1.03x the
+// copy's bandwidth in fp32, 0.71x to 0.76x in fp16), and the sum of squares of the rounded s.
 template <typename E, bool kSum, bool kStream>
 double AddSumSquares(const typename E::T* x, const typename E::T* skip, typename E::T* buf,
                      typename E::T* sum, int64_t n) {
@@ -245,7 +247,9 @@ void ScalePartial(const typename E::T* x, typename E::T* y, const float* scale, 
 template <typename E, bool kScale, bool kBias>
 void ScaleSpan(const typename E::T* x, typename E::T* y, const float* scale, const float* bias,
                int64_t i, int64_t end, __m256 r) {
-  for (; i + 8 <= end; i += 8) Store<E>(y + i, Apply<kScale, kBias>(Load<E>(x + i), r, scale, bias, i));
+  for (; i + 8 <= end; i += 8) {
+    Store<E>(y + i, Apply<kScale, kBias>(Load<E>(x + i), r, scale, bias, i));
+  }
   if (i < end) ScalePartial<E, kScale, kBias>(x, y, scale, bias, i, end - i, r);
 }
 
@@ -327,10 +331,12 @@ void Rows(const RowArgs& a, int64_t begin, int64_t end) {
     double ss = 0.0;
     const T* src = Source<E, kStream>(a, row, buffer, &ss);
     const float r = rows_common::RowFactor(a, src, ss);
-    // (streamed outputs only: smaller ones are in cache, or nearly)
-    const T* ahead = kStream && a.skip == nullptr && row + 1 < end
-                         ? static_cast<const T*>(a.x) + MapRow(a.x_map, row + 1) * n
-                         : nullptr;
+    // (streamed outputs only: smaller ones are in cache, or nearly). Also past the task's last
+    // row: ORT's pool hands a thread consecutive tasks, so that row is mostly this thread's next
+    // (MapRow wraps: always a row of X). Measured with 2048x4096 fp32, 2-4% faster.
+    const T* ahead =
+        kStream && a.skip == nullptr ? static_cast<const T*>(a.x) + MapRow(a.x_map, row + 1) * n
+                                     : nullptr;
     ScaleRow<E, kScale, kBias, kStream>(src, static_cast<T*>(a.y) + row * n, a.scale, a.bias, n, r,
                                         ahead);
   }
