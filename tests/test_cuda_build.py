@@ -25,6 +25,9 @@ GENERIC = 3 * 2 * 2
 KERNELS_PER_ARCHITECTURE = 2 * (SPECIALIZED + GENERIC)
 # rmsnorm.cu's launch bounds: ptxas may use 65536 / (threads x min blocks) registers
 MAX_REGISTERS = {"warp": 48, "block": 64, "generic warp": 128, "generic block": 128}
+# ... but a Turing SM holds 1024 threads, fewer than the warp kernels' 10 blocks of 128: there
+# the bound asks for 8 blocks, 65536 / 1024 = 64 registers (and 64 is full occupancy)
+MAX_REGISTERS_BY_ARCH = {"sm_75": {**MAX_REGISTERS, "warp": 64}}
 # every kernel but the Generic fallbacks <= 64 registers, the Warp kernels <= 48 (the occupancy
 # rmsnorm.cu's launch bounds plan for)
 BUDGET = {"warp": 48, "block": 64}
@@ -150,7 +153,7 @@ def test_no_register_spills(kernels, arch):
 def test_registers_fit_the_launch_bounds(kernels, arch):
     for k in (k for k in kernels if k.arch == arch):
         assert k.kind is not None, f"unexpected kernel {k.symbol}"
-        assert k.registers <= MAX_REGISTERS[k.kind], k.name
+        assert k.registers <= MAX_REGISTERS_BY_ARCH.get(arch, MAX_REGISTERS)[k.kind], k.name
 
 
 def test_register_budgets_at_sm_90(kernels):
