@@ -63,11 +63,8 @@ inline bool MakeRowMap(const std::vector<int64_t>& out, const std::vector<int64_
     }
     if (r) map->rows *= out[i];
   }
-  if (!read.empty() && !read.front()) {  // broadcast first: rank 0 if the rest is all read
-    if (read.size() == 1 || (read.size() == 2 && read[1])) return true;
-  } else if (read.size() <= 1) {
-    return true;  // all read (or no rows to move)
-  }
+  // runs alternate: rank 0 (r % rows) serves one run, or a broadcast run then a read one
+  if (read.size() <= 1 || (read.size() == 2 && !read[0])) return true;
   if (dims.size() > static_cast<size_t>(kMaxRowDims)) return false;
   map->rank = static_cast<int32_t>(dims.size());
   int64_t stride = 1;
