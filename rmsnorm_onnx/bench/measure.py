@@ -10,6 +10,7 @@ them.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -24,6 +25,11 @@ from .ops import ALL_IMPLS, CEILING, DTYPES, OPS, OURS, TORCH, Op
 from .stream_copy import StreamCopy
 from .timing import CallFailed, Timing, round_robin
 from .torch_worker import TorchProcess
+
+# A timed run lasts at least this long: a call of a few microseconds (1x4096) is run hundreds of
+# times per run. Timed one call per run, such calls measured noise: ours and ORT's RMSNormalization
+# swapped places from run to run at 1x4096 (0.86-1.1x), where 2000-call runs agree within 3 %.
+MIN_RUN_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -203,14 +209,6 @@ class _Measurement:
             self.notes[CEILING] = f"no memory ceiling: {e}"
             return None
 
-    def _copies(self, ceiling: StreamCopy | None, repeat: int, budget_s: float) -> None:
-        if ceiling is None or CEILING in self.notes:
-            return
-        try:
-            ceiling.sample(repeat=repeat, budget_s=budget_s)
-        except RMSNormOnnxError as e:
-            self.notes[CEILING] = f"no memory ceiling: {e}"
-
     def _runners(self, impls: list[str], checking: bool) -> dict[str, Callable[[], object]]:
         rows = check.sample_rows(math.prod(self.shape[:-1]))
         runners: dict[str, Callable[[], object]] = {}
@@ -241,28 +239,38 @@ class _Measurement:
         checking: bool,
     ) -> list[Row]:
         runners = self._runners([i for i in impls if i != TORCH], checking)
-        times: dict[str, list[float]] = {}
         ceiling = self._ceiling()
-        # The ceiling runs in blocks of its own, half just before the rounds and half just after
-        # (the load on the machine seen at both ends). Interleaved, the copy's threads slowed the
-        # implementation timed next (ours at 8x4096 SkipRMSNorm 0.017 -> 0.028 ms); here the
-        # rounds' warm-up absorbs that.
-        self._copies(ceiling, repeat // 2, budget_s / 2)
+        # The ceiling's copies of both kinds take their turns in the same rounds, so that load
+        # coming and going on the machine meets the copy and the implementations alike. Calls
+        # shorter than MIN_RUN_S run many times per timed run: what a copy leaves in (or takes
+        # out of) the caches then touches one call of a run, not its time.
+        copies = {
+            f"{CEILING} {kind}": functools.partial(ceiling.timed, streaming=streaming)
+            for kind, streaming in (("plain", False), ("streaming", True))
+            if ceiling is not None
+        }
+        times: dict[str, list[float]] = {}
+        calls = {**runners, **copies}
         while runners:  # one that fails while timed gets the reason; the others are timed again
             try:
-                times |= round_robin(runners, repeat=repeat, budget_s=budget_s * len(runners))
+                times |= round_robin(
+                    calls, repeat=repeat, budget_s=budget_s * len(calls), min_run_s=MIN_RUN_S
+                )
                 break
             except CallFailed as failed:
-                self.notes[failed.name] = check.unavailable(failed.error)
-                del runners[failed.name]
+                if failed.name in copies:
+                    self.notes[CEILING] = f"no memory ceiling: {failed.error}"
+                    calls = dict(runners)
+                else:
+                    self.notes[failed.name] = check.unavailable(failed.error)
+                    del runners[failed.name], calls[failed.name]
         runners.clear()
-        self._copies(ceiling, repeat - repeat // 2, budget_s / 2)
         if ceiling and CEILING not in self.notes:
             times[CEILING] = ceiling.best()
         if TORCH in impls:
             got = torch_process.measure(
                 self.op, self.shape, self.dtype, self.provider, seed=self.seed, repeat=repeat,
-                budget_s=budget_s, check=checking,
+                budget_s=budget_s, check=checking, min_run_s=MIN_RUN_S,
             )  # fmt: skip
             if got.seconds:
                 times[TORCH] = list(got.seconds)

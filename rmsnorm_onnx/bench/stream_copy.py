@@ -76,8 +76,8 @@ class StreamCopy:
     """Copies ``sources[i]`` to ``destinations[i]`` (addresses of ``nbytes`` each, not
     overlapping) on ``threads`` threads; ``bytes_moved`` is what one copy reads and writes.
 
-    ``sample`` times copies with plain stores and with stores that bypass the caches, in turns;
-    ``best`` is the seconds of the kind whose median is lower so far.
+    ``timed`` runs one copy with plain stores or with stores that bypass the caches and keeps its
+    seconds; ``best`` is the seconds of the kind whose median is lower so far.
     """
 
     def __init__(
@@ -91,7 +91,6 @@ class StreamCopy:
         self.pairs, self.nbytes, self.threads = len(sources), nbytes, threads
         self.bytes_moved = 2 * self.pairs * nbytes
         self._samples: dict[bool, list[float]] = {False: [], True: []}
-        self._estimate = min(self.seconds(streaming=k)[0] for k in self._samples)
 
     def seconds(self, *, streaming: bool, repeat: int = 1) -> list[float]:
         """One untimed copy, then ``repeat`` timed ones: their seconds."""
@@ -103,12 +102,11 @@ class StreamCopy:
             raise RMSNormOnnxError(f"stream copy failed: {_ERRORS.get(status, status)}")
         return list(out)
 
-    def sample(self, *, repeat: int, budget_s: float) -> None:
-        """Up to ``repeat`` copies of each kind (at least 3) in about ``budget_s``."""
-        runs = max(3, min(repeat, int(budget_s / 2 / max(self._estimate, 1e-9))))
-        for _ in range(runs):
-            for streaming, samples in self._samples.items():
-                samples += self.seconds(streaming=streaming)
+    def timed(self, *, streaming: bool) -> float:
+        """The seconds of one copy of the kind (after an untimed one), kept for :meth:`best`."""
+        seconds = self.seconds(streaming=streaming)[0]
+        self._samples[streaming].append(seconds)
+        return seconds
 
     def best(self) -> list[float]:
         return min(self._samples.values(), key=lambda s: statistics.median(s) if s else math.inf)

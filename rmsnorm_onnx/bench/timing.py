@@ -46,29 +46,56 @@ def round_robin(
     budget_s: float = math.inf,
     warmup: int = 1,
     min_rounds: int = 3,
+    min_run_s: float = 0.0,
 ) -> dict[str, list[float]]:
-    """Seconds per timed run of each call, the calls taking turns.
+    """Seconds per timed run of each call, the calls taking turns (each round starting with the
+    next call).
 
     ``warmup`` untimed rounds first (first-run allocations, thread pools starting), then rounds
     until there are ``repeat``, or until the timed rounds have taken ``budget_s`` and there are at
     least ``min_rounds`` (or ``repeat``, if fewer). A call that returns a float has timed its own
-    work (in seconds, without what calling it costs) and that is its run's time. A call that
-    raises ends the timing as a :class:`CallFailed` that names it.
+    work (in seconds, without what calling it costs) and that is its run's time. A call shorter
+    than ``min_run_s`` is run that many times over in each of its runs (as ``timeit`` does: the
+    clock's resolution and one preempted call then move a run's time by little), and the run's
+    time is the average call's. A call that raises ends the timing as a :class:`CallFailed` that
+    names it.
     """
     times: dict[str, list[float]] = {name: [] for name in calls}
+    if not calls:
+        return times
     for _ in range(warmup):
         for name, call in calls.items():
             _call(name, call)
-    start = time.perf_counter()
-    for done in range(1, max(repeat, 1) + 1):
+    batch = dict.fromkeys(calls, 1)
+    if min_run_s > 0:  # one call each, warm, says how many make a run
         for name, call in calls.items():
             t0 = time.perf_counter()
-            own = _call(name, call)
-            elapsed = time.perf_counter() - t0
-            times[name].append(own if isinstance(own, float) else elapsed)
+            if not isinstance(_call(name, call), float):
+                took = time.perf_counter() - t0
+                batch[name] = max(1, math.ceil(min_run_s / max(took, 1e-9)))
+    names = list(calls)
+    start = time.perf_counter()
+    for done in range(1, max(repeat, 1) + 1):
+        # each round starts one call further on: a call timed right after another kind of work
+        # (a copy spawning threads, another session) ran up to 15 % slower at 1x4096, and the
+        # rotation gives every call that place as often
+        shift = (done - 1) % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(_run(name, calls[name], batch[name]))
         if done >= min(min_rounds, repeat) and time.perf_counter() - start >= budget_s:
             break
     return times
+
+
+def _run(name: str, call: Callable[[], object], batch: int) -> float:
+    """Seconds of one timed run: the call's own time, or the wall time per call of ``batch``."""
+    t0 = time.perf_counter()
+    own = _call(name, call)
+    if batch == 1:
+        return own if isinstance(own, float) else time.perf_counter() - t0
+    for _ in range(batch - 1):
+        _call(name, call)
+    return (time.perf_counter() - t0) / batch
 
 
 def _call(name: str, call: Callable[[], object]) -> object:

@@ -102,6 +102,7 @@ class TorchProcess:
         repeat: int,
         budget_s: float,
         check: bool,
+        min_run_s: float = 0.0,
     ) -> Measured:
         if self._broken:
             return Measured((), self._broken)
@@ -113,6 +114,7 @@ class TorchProcess:
             "seed": seed,
             "repeat": repeat,
             "budget_s": budget_s,
+            "min_run_s": min_run_s,
             "check": check,
         }
         proc = self._start()
@@ -218,7 +220,12 @@ def _measure(torch: Any, request: dict[str, Any]) -> dict[str, Any]:
             compute()
             sync()
 
-        seconds = round_robin({TORCH: go}, repeat=request["repeat"], budget_s=request["budget_s"])
+        seconds = round_robin(
+            {TORCH: go},
+            repeat=request["repeat"],
+            budget_s=request["budget_s"],
+            min_run_s=request.get("min_run_s", 0.0),
+        )
     except CallFailed as e:
         return {"error": unavailable(e.error)}
     except Exception as e:  # no CUDA device for torch, say

@@ -173,9 +173,8 @@ const float* ParamFloats(const State& s, size_t index, const ParamView& p, const
   }
   const int64_t cols = problem.cols;
   if (p.simple && p.inner == 1 && p.period == cols) return values;
-  const std::vector<int64_t> norm(problem.x_shape.begin() + problem.axis, problem.x_shape.end());
   expanded_buf.resize(static_cast<size_t>(cols));
-  ExpandToFloat(values, p, norm, cols, expanded_buf.data());
+  ExpandToFloat(values, p, problem.norm_shape, cols, expanded_buf.data());
   return expanded_buf.data();
 }
 
@@ -206,7 +205,8 @@ OrtStatus* CpuKernel::Compute(void* kernel, OrtKernelContext* context) noexcept 
   return Guard([&] {
     const State& s = *static_cast<const State*>(kernel);
     Ort::KernelContext ctx{context};
-    const Problem p = PrepareProblem(ctx, s.kind, s.attrs, s.x_dtype, s.label, s.constant);
+    thread_local Problem p;  // this thread's, reused: see PrepareProblem
+    PrepareProblem(ctx, s.kind, s.attrs, s.x_dtype, s.label, s.constant, p);
     if (p.rows == 0 || p.cols == 0) return;
     std::vector<float> buffers[4];
     RowArgs args;

@@ -20,12 +20,12 @@ struct State {
 void CheckSimple(const ParamView& p, const char* name, const Problem& prob,
                  const std::string& label) {
   if (!p.present || p.simple) return;
-  const std::vector<int64_t> norm(prob.x_shape.begin() + prob.axis, prob.x_shape.end());
   throw OpError{ORT_NOT_IMPLEMENTED,
                 label + ": " + name + " of shape " + ShapeString(p.shape) + " broadcasts over " +
-                    "X.shape[axis:] = " + ShapeString(norm) + " along dims that are not one " +
-                    "contiguous block; the CUDA kernel supports scale/bias shapes like [D], " +
-                    "[H, D], [H, 1] (expand " + name + " to the full shape, or run on the CPU)"};
+                    "X.shape[axis:] = " + ShapeString(prob.norm_shape) + " along dims that are " +
+                    "not one contiguous block; the CUDA kernel supports scale/bias shapes like " +
+                    "[D], [H, D], [H, 1] (expand " + name + " to the full shape, or run on the " +
+                    "CPU)"};
 }
 
 }  // namespace
@@ -49,7 +49,8 @@ OrtStatus* CudaKernel::Compute(void* kernel, OrtKernelContext* context) noexcept
   return Guard([&] {
     const State& s = *static_cast<const State*>(kernel);
     Ort::KernelContext ctx{context};
-    const Problem p = PrepareProblem(ctx, s.kind, s.attrs, s.x_dtype, s.label);
+    thread_local Problem p;  // this thread's, reused: see PrepareProblem
+    PrepareProblem(ctx, s.kind, s.attrs, s.x_dtype, s.label, nullptr, p);
     CheckSimple(p.scale, "scale", p, s.label);
     CheckSimple(p.bias, "bias", p, s.label);
     if (p.rows == 0 || p.cols == 0) return;

@@ -227,16 +227,29 @@ void Layout(ParamView& view, const std::vector<int64_t>& norm) {
   for (size_t j = static_cast<size_t>(last) + 1; j < n; ++j) view.inner *= norm[j];
 }
 
-ParamView ReadParam(Ort::KernelContext& ctx, size_t input_count, size_t index, const char* name,
-                    DType x_dtype, const ParamView* constant, const std::vector<int64_t>& norm,
-                    const Problem& p, const std::string& label, int64_t axis_attr) {
-  ParamView view;
+// Reads a tensor's dims into `shape`, reusing its storage (GetShape returns a new vector).
+void ReadShape(const Ort::ConstTensorTypeAndShapeInfo& info, std::vector<int64_t>& shape) {
+  size_t rank = 0;
+  Ort::ThrowOnError(Api().GetDimensionsCount(info, &rank));
+  shape.resize(rank);
+  Ort::ThrowOnError(Api().GetDimensions(info, shape.data(), rank));
+}
+
+// Fills `view` (reusing its shape's storage) with the scale or bias of this call, or leaves it
+// absent.
+void ReadParam(Ort::KernelContext& ctx, size_t input_count, size_t index, const char* name,
+               DType x_dtype, const ParamView* constant, const std::vector<int64_t>& norm,
+               const Problem& p, const std::string& label, int64_t axis_attr, ParamView& view) {
+  view.present = false;
   if (constant != nullptr && constant->present) {
-    view = *constant;  // type checked at session creation, data owned by the session
+    // type checked at session creation, data owned by the session
+    view.dtype = constant->dtype;
+    view.data = constant->data;
+    view.shape.assign(constant->shape.begin(), constant->shape.end());
   } else {
-    if (index >= input_count) return view;
+    if (index >= input_count) return;
     Ort::ConstValue value = ctx.GetInput(index);
-    if (value == nullptr) return view;
+    if (value == nullptr) return;
     if (!value.IsTensor()) Fail(label, std::string(name) + " must be a tensor");
     auto info = value.GetTensorTypeAndShapeInfo();
     const auto type = info.GetElementType();
@@ -245,7 +258,7 @@ ParamView ReadParam(Ort::KernelContext& ctx, size_t input_count, size_t index, c
       Fail(label, std::string(name) + " has type " + TypeName(type) + "; " +
                       ParamTypeRule(OnnxType(x_dtype)));
     }
-    view.shape = info.GetShape();
+    ReadShape(info.GetConst(), view.shape);
     view.data = value.GetTensorRawData();
   }
   bool fits = view.shape.size() <= norm.size();
@@ -261,7 +274,6 @@ ParamView ReadParam(Ort::KernelContext& ctx, size_t input_count, size_t index, c
   }
   view.present = true;
   Layout(view, norm);
-  return view;
 }
 
 }  // namespace
@@ -296,8 +308,9 @@ void ReadSkip(Ort::KernelContext& ctx, Problem& p, const std::string& label, int
   if (!skip.IsTensor()) Fail(label, "input 'skip' must be a tensor");
   auto info = skip.GetTensorTypeAndShapeInfo();
   CheckSkipType(info.GetElementType(), p.x_dtype, label);
-  const std::vector<int64_t> shape = info.GetShape();
-  std::vector<int64_t> lead;
+  // the thread's own dims, reused from call to call (as Problem's)
+  thread_local std::vector<int64_t> shape, lead, x_lead, skip_lead;
+  ReadShape(info.GetConst(), shape);
   const std::string why = SkipLeading(p.x_shape, shape, p.axis, &lead);
   if (!why.empty()) {
     Fail(label, "skip of shape " + ShapeString(shape) + " does not fit X of shape " +
@@ -305,17 +318,16 @@ void ReadSkip(Ort::KernelContext& ctx, Problem& p, const std::string& label, int
                     "; X and skip must broadcast against each other over the dims before axis " +
                     "and both hold X.shape[axis:] in full");
   }
-  const std::vector<int64_t> x_lead(p.x_shape.begin(), p.x_shape.begin() + p.axis);
+  x_lead.assign(p.x_shape.begin(), p.x_shape.begin() + p.axis);
   // skip's dims before axis (right-aligned to X's; none where skip starts within the normalized)
   const auto pad = static_cast<int64_t>(p.x_shape.size() - shape.size());
-  const std::vector<int64_t> skip_lead(shape.begin(),
-                                       shape.begin() + std::max<int64_t>(0, p.axis - pad));
+  skip_lead.assign(shape.begin(), shape.begin() + std::max<int64_t>(0, p.axis - pad));
   if (!MakeRowMap(lead, x_lead, &p.x_map) || !MakeRowMap(lead, skip_lead, &p.skip_map)) {
     Fail(label, "X of shape " + ShapeString(p.x_shape) + " and skip of shape " +
                     ShapeString(shape) + " broadcast in more than " +
                     std::to_string(kMaxRowDims) + " alternating runs of dims");
   }
-  p.y_shape = lead;
+  p.y_shape.assign(lead.begin(), lead.end());
   p.y_shape.insert(p.y_shape.end(), p.x_shape.begin() + p.axis, p.x_shape.end());
   p.rows = ElementCount(lead);
   p.skip = skip.GetTensorRawData();
@@ -346,10 +358,13 @@ void CheckOverlaps(const Problem& p, const std::string& label) {
 
 }  // namespace
 
-Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& attrs, DType x_dtype,
-                       const std::string& label, const ParamView* constants) {
-  Problem p;
+void PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& attrs, DType x_dtype,
+                    const std::string& label, const ParamView* constants, Problem& p) {
   p.x_dtype = x_dtype;
+  p.skip = nullptr;
+  p.sum = nullptr;
+  p.x_map = RowMap{};
+  p.skip_map = RowMap{};
   Ort::ConstValue x = ctx.GetInput(0);
   if (x == nullptr || !x.IsTensor()) Fail(label, "input X is missing or not a tensor");
   auto x_info = x.GetTensorTypeAndShapeInfo();
@@ -358,7 +373,7 @@ Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& a
   if (!FromOnnx(x_type, &seen) || seen != x_dtype) {
     Fail(label, "X has type " + TypeName(x_type) + "; expected " + TypeName(OnnxType(x_dtype)));
   }
-  p.x_shape = x_info.GetShape();
+  ReadShape(x_info.GetConst(), p.x_shape);
   const auto rank = static_cast<int64_t>(p.x_shape.size());
   if (rank == 0) Fail(label, "X must have rank >= 1; got a scalar (rank 0)");
   if (attrs.axis < -rank || attrs.axis >= rank) {
@@ -371,15 +386,15 @@ Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& a
   p.cols = 1;
   for (int64_t i = 0; i < rank; ++i) (i < p.axis ? p.rows : p.cols) *= p.x_shape[i];
   p.x_map.rows = p.rows;
-  p.y_shape = p.x_shape;
+  p.y_shape.assign(p.x_shape.begin(), p.x_shape.end());
   if (kind == OpKind::kSkip) ReadSkip(ctx, p, label, attrs.axis);
-  const std::vector<int64_t> norm(p.x_shape.begin() + p.axis, p.x_shape.end());
+  p.norm_shape.assign(p.x_shape.begin() + p.axis, p.x_shape.end());
   const size_t count = ctx.GetInputCount();
   const size_t first = FirstParamInput(kind);
-  p.scale = ReadParam(ctx, count, first, "scale", x_dtype, constants ? &constants[0] : nullptr,
-                      norm, p, label, attrs.axis);
-  p.bias = ReadParam(ctx, count, first + 1, "bias", x_dtype, constants ? &constants[1] : nullptr,
-                     norm, p, label, attrs.axis);
+  ReadParam(ctx, count, first, "scale", x_dtype, constants ? &constants[0] : nullptr,
+            p.norm_shape, p, label, attrs.axis, p.scale);
+  ReadParam(ctx, count, first + 1, "bias", x_dtype, constants ? &constants[1] : nullptr,
+            p.norm_shape, p, label, attrs.axis, p.bias);
   Ort::UnownedValue y = ctx.GetOutput(0, p.y_shape);
   p.x = x.GetTensorRawData();
   p.y = y.GetTensorMutableRawData();
@@ -389,7 +404,6 @@ Problem PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& a
     if (sum != nullptr) p.sum = sum.GetTensorMutableRawData();
   }
   CheckOverlaps(p, label);
-  return p;
 }
 
 void ExpandToFloat(const float* values, const ParamView& param, const std::vector<int64_t>& norm,

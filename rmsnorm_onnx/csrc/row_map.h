@@ -50,25 +50,27 @@ inline bool MakeRowMap(const std::vector<int64_t>& out, const std::vector<int64_
                        RowMap* map) {
   *map = RowMap{};
   const size_t pad = out.size() - in.size();
-  std::vector<int64_t> dims;
-  std::vector<bool> read;  // false: the input broadcasts along this run
+  int64_t dims[kMaxRowDims];
+  bool read[kMaxRowDims];  // false: the input broadcasts along this run
+  int runs = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i] == 1) continue;  // a dim of 1 moves no row
     const bool r = i >= pad && in[i - pad] != 1;
-    if (!read.empty() && read.back() == r) {
-      dims.back() *= out[i];
+    if (runs > 0 && read[runs - 1] == r) {
+      dims[runs - 1] *= out[i];
+    } else if (runs == kMaxRowDims) {
+      return false;  // (no array on the heap: a call of the op allocates nothing here)
     } else {
-      dims.push_back(out[i]);
-      read.push_back(r);
+      dims[runs] = out[i];
+      read[runs++] = r;
     }
     if (r) map->rows *= out[i];
   }
   // runs alternate: rank 0 (r % rows) serves one run, or a broadcast run then a read one
-  if (read.size() <= 1 || (read.size() == 2 && !read[0])) return true;
-  if (dims.size() > static_cast<size_t>(kMaxRowDims)) return false;
-  map->rank = static_cast<int32_t>(dims.size());
+  if (runs <= 1 || (runs == 2 && !read[0])) return true;
+  map->rank = runs;
   int64_t stride = 1;
-  for (size_t i = dims.size(); i-- > 0;) {
+  for (int i = runs; i-- > 0;) {
     map->dims[i] = dims[i];
     map->strides[i] = read[i] ? stride : 0;
     if (read[i]) stride *= dims[i];
