@@ -6,6 +6,7 @@ and ``demo``, and ``tools/bench_models.py``. Standard library only.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,8 +49,7 @@ def round_robin(
     min_rounds: int = 3,
     min_run_s: float = 0.0,
 ) -> dict[str, list[float]]:
-    """Seconds per timed run of each call, the calls taking turns (each round starting with the
-    next call).
+    """Seconds per timed run of each call, the calls taking turns (each round in a new order).
 
     ``warmup`` untimed rounds first (first-run allocations, thread pools starting), then rounds
     until there are ``repeat``, or until the timed rounds have taken ``budget_s`` and there are at
@@ -74,13 +74,14 @@ def round_robin(
                 took = time.perf_counter() - t0
                 batch[name] = max(1, math.ceil(min_run_s / max(took, 1e-9)))
     names = list(calls)
+    # Each round in its own order (seeded: a run repeats): a call timed right after another kind
+    # of work (the ceiling's copy starting its threads, say) ran up to 15 % slower at 1x4096, and
+    # in a fixed or rotated order the same call always follows the same one.
+    shuffle = random.Random(0).shuffle
     start = time.perf_counter()
     for done in range(1, max(repeat, 1) + 1):
-        # each round starts one call further on: a call timed right after another kind of work
-        # (a copy spawning threads, another session) ran up to 15 % slower at 1x4096, and the
-        # rotation gives every call that place as often
-        shift = (done - 1) % len(names)
-        for name in names[shift:] + names[:shift]:
+        shuffle(names)
+        for name in names:
             times[name].append(_run(name, calls[name], batch[name]))
         if done >= min(min_rounds, repeat) and time.perf_counter() - start >= budget_s:
             break
