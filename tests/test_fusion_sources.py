@@ -281,6 +281,29 @@ def test_scale_with_leading_ones_converts_to_a_loadable_file(
         np.testing.assert_allclose(g.astype(np.float64), v, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("dims", "n_axes", "drop"),
+    [
+        ([1, 1, 16], 1, 2),  # Keras on JAX
+        ([1, 16], 1, 1),  # Falcon-H1's exporters
+        ([16], 1, 0),
+        ([1, 2, 16], 1, 0),  # a 2 among them: it broadcasts X, nothing is dropped
+        ([1, 16], None, 0),  # X's rank unknown
+        ([1, 4, 16], 2, 1),
+        (None, 1, 0),
+    ],
+)
+def test_leading_ones_is_the_one_rule_for_dims_a_scale_drops(dims, n_axes, drop) -> None:
+    """The source-form rules (a Squeeze) and the raise and absorb rules (a folded constant) drop
+    the same dims of a scale: values.leading_ones."""
+    import onnx_ir as ir
+
+    from rmsnorm_onnx.fusion.values import leading_ones
+
+    shape = None if dims is None else ir.Shape(dims)
+    assert leading_ones(ir.Value(name="w", shape=shape), n_axes) == drop
+
+
 def test_scale_broadcasting_over_other_axes_is_left_with_reason() -> None:
     """A [3, 16] scale on X [2, 3, 16] normalizing the last axis scales each row differently:
     not one RMSNorm, left alone."""

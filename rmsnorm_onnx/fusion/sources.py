@@ -21,7 +21,7 @@ from .. import op_schema
 from ..op_schema import MS_DOMAIN, ORT_SKIP_NORM
 from .canonical import SOURCE_TAG, is_canonical
 from .patterns import emit
-from .values import FLOAT_TYPES, default_opset, fits_normalized
+from .values import FLOAT_TYPES, default_opset, fits_normalized, leading_ones
 
 # op type -> (domain, default epsilon)
 NORMS = {op_schema.ONNX_NORM: ("", 1e-5), op_schema.ORT_NORM: ("", 1e-5)}
@@ -130,8 +130,10 @@ class SkipSimplified(pattern.RewriteRuleClassBase):
 class Scale:
     """The scale as our ops take it: broadcasting to X's normalized dims only. ORT's ops read
     a scale by its size, and the exporters that write them give Falcon-H1's a leading 1 ([1, H]
-    on X [..., H]); those 1s are squeezed off (a Squeeze the runtime folds into the weight, which
-    stays unread here). A scale that broadcasts over other axes is no RMSNorm of ours."""
+    on X [..., H]); those 1s (``values.leading_ones``, as the other rules drop them) are squeezed
+    off by a Squeeze node that the runtime folds into the weight: the weight stays unread here,
+    where the raise and absorb rules, which compute new constants anyway, fold them into one. A
+    scale that broadcasts over other axes is no RMSNorm of ours."""
 
     def __init__(self) -> None:
         self.drop = 0  # leading dims to squeeze off
@@ -143,10 +145,8 @@ class Scale:
         if scale.shape is None:
             return None  # as the op had it: its kernel checks the size
         n_axes = -axis if axis < 0 else (None if x.shape is None else len(x.shape) - axis)
-        dims = list(scale.shape)
-        while n_axes is not None and len(dims) > n_axes and dims[0] == 1:
-            dims.pop(0)
-            self.drop += 1
+        self.drop = leading_ones(scale, n_axes)
+        dims = list(scale.shape)[self.drop :]
         if n_axes == 1 and len(dims) == 1:
             return None  # a 1-D scale over the last axis: the op's kernel checks its size
         probe = ir.Value(name=scale.name, shape=ir.Shape(dims), type=scale.type)

@@ -100,14 +100,24 @@ def fits_normalized(
     return None
 
 
-def squeezed(param: ir.Value, n_axes: int | None) -> np.ndarray | None:
-    """A constant ``param`` with its leading dims of 1 beyond the last ``n_axes`` dropped, or None
-    when there are none to drop (or it is no constant, or a dropped dim is not 1)."""
+def leading_ones(param: ir.Value, n_axes: int | None) -> int:
+    """How many dims ``param`` has before its last ``n_axes``, where all of them are a static 1
+    (Keras writes a scale [1, 1, H], Falcon-H1's exporters [1, H]): the dims an op that takes the
+    normalized dims only drops. 0 where there are none, where ``n_axes`` or the shape is unknown,
+    or where one of them is not 1 (the parameter then broadcasts X: no op of ours takes it)."""
     if n_axes is None or param.shape is None or len(param.shape) <= n_axes:
-        return None
+        return 0
     extra = list(param.shape)[: len(param.shape) - n_axes]
-    array = constant_array(param) if all(d == 1 for d in extra) else None
-    return None if array is None else array.reshape(array.shape[len(extra) :])
+    return len(extra) if all(d == 1 for d in extra) else 0
+
+
+def squeezed(param: ir.Value, n_axes: int | None) -> np.ndarray | None:
+    """A constant ``param``'s values without its ``leading_ones``, or None when there are none to
+    drop or it is no constant. (The raise and absorb rules fold constants anyway; the source-form
+    rules, which read no weight, drop the same dims with a Squeeze node: ``sources.Scale``.)"""
+    drop = leading_ones(param, n_axes)
+    array = constant_array(param) if drop else None
+    return None if array is None else array.reshape(array.shape[drop:])
 
 
 def _same_dim(a: object, b: object) -> bool:
