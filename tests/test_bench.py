@@ -118,6 +118,22 @@ def test_round_robin_batches_short_calls_into_runs_of_min_run_s(monkeypatch):
     assert times["own"] == [0.0005] * 3  # a call that times itself is never batched
 
 
+def test_ours_x_is_the_median_of_round_by_round_ratios():
+    """A spell of load that catches one implementation in one more round than ours moves the
+    ratio of medians (here 9x), not the ratio round by round (1.1x)."""
+    m = measure._Measurement(bench.OPS["rmsnorm"], (1, 8), "float32", "cpu", 1, 0)
+    m.paired = {bench.OURS, "RMSNormalization"}
+    times = {
+        bench.OURS: [1e-3, 1e-3, 1e-3, 10e-3, 10e-3],
+        "RMSNormalization": [1.1e-3, 1.1e-3, 9e-3, 11e-3, 11e-3],
+        "torch": [2e-3] * 5,  # timed in a process of its own: no rounds to pair
+    }
+    rows = {r.impl: r for r in m._rows([bench.OURS, "RMSNormalization", "torch"], times)}
+    assert rows["RMSNormalization"].ratio == pytest.approx(1.1)
+    assert rows["RMSNormalization"].median_ms == pytest.approx(9.0)  # the medians stay medians
+    assert rows["torch"].ratio == pytest.approx(2.0)  # 2 ms over ours' median, 1 ms
+
+
 def test_round_robin_takes_turns_and_takes_a_call_s_own_time():
     order = []
     calls = {"a": lambda: order.append("a"), "b": lambda: order.append("b") or 0.25}

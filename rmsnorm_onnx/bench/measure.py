@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -47,7 +48,9 @@ class Row:
     median_ms: float  # nan when not available
     min_ms: float
     gbps: float  # bytes moved (ops.Op.moved_bytes) per second of the median, 1e9
-    ratio: float  # this implementation's time / ours (> 1: ours is faster); nan when unknown
+    # this implementation's time / ours (> 1: ours is faster), the median of round-by-round
+    # ratios where the two took turns in the same rounds (torch: of the medians); nan: unknown
+    ratio: float
     ceiling_gbps: float  # the stream copy of the same bytes on the same threads; nan: not measured
     runs: int = 0
     note: str = ""  # why an implementation is missing, a wrong answer, or remarks
@@ -195,6 +198,7 @@ class _Measurement:
             )
         self.notes: dict[str, str] = {}
         self.correct: dict[str, bool] = {}
+        self.paired: set[str] = set()  # timed in the same rounds: times[i] of each from round i
 
     def _ceiling(self) -> StreamCopy | None:
         if self.provider != "cpu":
@@ -258,6 +262,7 @@ class _Measurement:
                 times |= round_robin(
                     calls, repeat=repeat, budget_s=budget_s * len(calls), min_run_s=MIN_RUN_S
                 )
+                self.paired = set(runners)
                 break
             except CallFailed as failed:
                 if failed.name in copies:
@@ -290,6 +295,14 @@ class _Measurement:
         rows = []
         for impl in impls:
             t = Timing.of(times.get(impl, []))
+            ratio = t.median_ms / ours.median_ms
+            if {impl, OURS} <= self.paired and times[impl] and times[OURS]:
+                # the median of round-by-round ratios: the two ran within moments of each other
+                # in every round, so a spell of load on the shared machine (which moved whole
+                # runs of 1x4096 calls from 5 to 9 us) slows both sides of a ratio alike
+                ratio = statistics.median(
+                    a / b for a, b in zip(times[impl], times[OURS], strict=True)
+                )
             note = self.notes.get(impl, "" if t.runs else "not timed")
             if impl == OURS and CEILING in self.notes:
                 note = "; ".join(n for n in (note, self.notes[CEILING]) if n)
@@ -304,7 +317,7 @@ class _Measurement:
                     median_ms=t.median_ms,
                     min_ms=t.min_ms,
                     gbps=self.op.moved_bytes(self.shape, itemsize) / (t.median_ms * 1e6),
-                    ratio=t.median_ms / ours.median_ms,
+                    ratio=ratio,
                     ceiling_gbps=ceiling_gbps,
                     runs=t.runs,
                     note=note,

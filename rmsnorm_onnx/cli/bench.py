@@ -21,10 +21,13 @@ examples:
   rmsnorm-onnx bench --op rmsnorm --impl decomposed --impl SimplifiedLayerNormalization
   rmsnorm-onnx bench --cuda --json bench_cuda.json --plot bench.png
 
-"ours x" is each implementation's time over ours (> 1: ours is faster). "ceil GB/s" is the
-memory ceiling: a plain streaming copy of the same tensors on the same threads, as STREAM
-measures it; "of ceil" is each one's GB/s (inputs read + outputs written + weight) over it.
-torch is timed in a process of its own, so its threads cannot slow what is timed after it.
+The implementations and the ceiling's copies take turns, one run each per round, each round in
+its own order; a run lasts at least 10 ms (short calls run many times in it); times are medians.
+"ours x" is each implementation's time over ours (> 1: ours is faster), the median of the
+rounds' ratios. "ceil GB/s" is the memory ceiling: a plain streaming copy of the same tensors on
+the same threads, as STREAM measures it; "of ceil" is each one's GB/s (inputs read + outputs
+written + weight) over it. torch is timed in a process of its own, so its threads cannot slow
+what is timed after it.
 Every implementation's answer is checked against the float64 reference before it is timed.
 """
 
