@@ -23,7 +23,7 @@ from ..errors import RMSNormOnnxError, UsageError
 from . import check, models
 from .machine import default_threads
 from .ops import ALL_IMPLS, CEILING, DTYPES, OPS, OURS, TORCH, Op
-from .stream_copy import StreamCopy
+from .stream_copy import StreamCopy, faster_kind
 from .timing import CallFailed, Timing, round_robin
 from .torch_worker import TorchProcess
 
@@ -272,8 +272,9 @@ class _Measurement:
                     self.notes[failed.name] = check.unavailable(failed.error)
                     del runners[failed.name], calls[failed.name]
         runners.clear()
-        if ceiling and CEILING not in self.notes:
-            times[CEILING] = ceiling.best()
+        copied = [times.pop(name) for name in copies if name in times]
+        if copied and CEILING not in self.notes:
+            times[CEILING] = faster_kind(*copied)
         if TORCH in impls:
             got = torch_process.measure(
                 self.op, self.shape, self.dtype, self.provider, seed=self.seed, repeat=repeat,

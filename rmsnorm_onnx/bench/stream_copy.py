@@ -76,8 +76,8 @@ class StreamCopy:
     """Copies ``sources[i]`` to ``destinations[i]`` (addresses of ``nbytes`` each, not
     overlapping) on ``threads`` threads; ``bytes_moved`` is what one copy reads and writes.
 
-    ``timed`` runs one copy with plain stores or with stores that bypass the caches and keeps its
-    seconds; ``best`` is the seconds of the kind whose median is lower so far.
+    ``timed`` runs one copy with plain stores or with stores that bypass the caches; the ceiling is
+    the kind whose runs have the lower median (:func:`faster_kind`).
     """
 
     def __init__(
@@ -90,7 +90,6 @@ class StreamCopy:
         self._dst = (ctypes.c_void_p * len(destinations))(*destinations)
         self.pairs, self.nbytes, self.threads = len(sources), nbytes, threads
         self.bytes_moved = 2 * self.pairs * nbytes
-        self._samples: dict[bool, list[float]] = {False: [], True: []}
 
     def seconds(self, *, streaming: bool, repeat: int = 1) -> list[float]:
         """One untimed copy, then ``repeat`` timed ones: their seconds."""
@@ -103,10 +102,11 @@ class StreamCopy:
         return list(out)
 
     def timed(self, *, streaming: bool) -> float:
-        """The seconds of one copy of the kind (after an untimed one), kept for :meth:`best`."""
-        seconds = self.seconds(streaming=streaming)[0]
-        self._samples[streaming].append(seconds)
-        return seconds
+        """The seconds of one copy of the kind (after an untimed one)."""
+        return self.seconds(streaming=streaming)[0]
 
-    def best(self) -> list[float]:
-        return min(self._samples.values(), key=lambda s: statistics.median(s) if s else math.inf)
+
+def faster_kind(*runs: list[float]) -> list[float]:
+    """Of the runs of each kind of copy, those whose median is lowest: the best a copy does, so
+    that an op cannot beat the ceiling by its choice of stores."""
+    return min(runs, key=lambda r: statistics.median(r) if r else math.inf)
