@@ -314,3 +314,22 @@ def test_scale_broadcasting_over_other_axes_is_left_with_reason() -> None:
     assert [n.op_type for n in fused.graph.node] == [SLN]
     [skip] = report.skipped
     assert "'w'" in skip.reason and "[3,16]" in skip.reason
+
+
+def test_fitting_a_scale_with_leading_ones_reads_no_weight(tmp_path) -> None:
+    """Whether a [1, 1, H] scale can drop its leading 1s asks only that it is a constant: its
+    data (here in a file that is not there) is not read to find out."""
+    import onnx_ir as ir
+
+    from rmsnorm_onnx.fusion.values import fits_normalized
+
+    tensor = ir.ExternalTensor(
+        "absent.bin", offset=0, length=64, dtype=ir.DataType.FLOAT, shape=ir.Shape([1, 1, 16]),
+        name="w", base_dir=tmp_path,
+    )  # fmt: skip
+    scale = ir.Value(name="w", shape=tensor.shape, type=ir.TensorType(ir.DataType.FLOAT))
+    scale.const_value = tensor
+    x = ir.Value(name="x", shape=ir.Shape([2, 3, 16]), type=ir.TensorType(ir.DataType.FLOAT))
+    assert fits_normalized(scale, x, 1, squeeze=True) is None
+    activation = ir.Value(name="a", shape=ir.Shape([1, 1, 16]))  # no constant: dims kept
+    assert "broadcasts over axes outside" in fits_normalized(activation, x, 1, squeeze=True)

@@ -7,6 +7,8 @@ most complete attempt explains the skip. (Decomposed norms explain themselves: `
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx_ir as ir
 from onnxscript.rewriter import _basics, pattern
 
@@ -35,23 +37,35 @@ class _Closest:
             self.root = node
 
 
-def _other_uses(result: _basics.MatchResult, root: ir.Node | None) -> str:
-    nodes = list(result.nodes)
+def read_outside(nodes: Sequence[ir.Node], result: ir.Value | None) -> str | None:
+    """Why ``nodes`` cannot be replaced by one node computing ``result``: another of their
+    values is a graph output or is read by a node outside them (the first in their order); None
+    if none is."""
+    inside = set(nodes)
     for node in nodes:
         for value in node.outputs:
-            if node is root:  # its first output is the one the rewrite replaces
-                if value is not node.outputs[0] and (value.uses() or value.is_graph_output()):
-                    return f"output '{value.name}' of {node.op_type} '{node.name}' is read"
+            if value is result:
                 continue
             if value.is_graph_output():
                 return f"intermediate '{value.name}' ({node.op_type}) is a graph output"
             for consumer in value.consumers():
-                if consumer not in nodes:
+                if consumer not in inside:
                     return (
                         f"intermediate '{value.name}' ({node.op_type}) is also used by "
                         f"{consumer.op_type} '{consumer.name}'"
                     )
-    return "an intermediate of the chain has another consumer"
+    return None
+
+
+def _other_uses(result: _basics.MatchResult, root: ir.Node | None) -> str:
+    nodes = list(result.nodes)
+    if root is not None:  # its first output is the one the rewrite replaces
+        for value in root.outputs[1:]:
+            if value.uses() or value.is_graph_output():
+                return f"output '{value.name}' of {root.op_type} '{root.name}' is read"
+    kept = root.outputs[0] if root is not None else None
+    why = read_outside(nodes, kept)
+    return why or "an intermediate of the chain has another consumer"
 
 
 def where(model: ir.Model, node: ir.Node) -> str:

@@ -35,7 +35,7 @@ from .algebra import (
     root,
 )
 from .canonical import PATTERN_TAG, SOURCE_TAG
-from .diagnose import where
+from .diagnose import read_outside, where
 from .report import Skip
 from .values import (
     FLOAT_TYPES,
@@ -218,20 +218,7 @@ def _input_of_type(numerator: ir.Value, dtype: ir.DataType | None) -> ir.Value |
 
 def other_use(norm: Norm) -> str | None:
     """Why the chain cannot go: an intermediate is read elsewhere, or is a graph output."""
-    inside = set(norm.interior)
-    for node in norm.interior:
-        for out in node.outputs:
-            if out is norm.value:
-                continue
-            if out.is_graph_output():
-                return f"intermediate '{out.name}' ({node.op_type}) is a graph output"
-            for consumer in out.consumers():
-                if consumer not in inside:
-                    return (
-                        f"intermediate '{out.name}' ({node.op_type}) is also used by "
-                        f"{consumer.op_type} '{consumer.name}'"
-                    )
-    return None
+    return read_outside(norm.interior, norm.value)
 
 
 def reach(stat: ir.Node) -> list[ir.Value]:

@@ -15,8 +15,11 @@ FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFL
 _MAX_READ = 1 << 20  # elements: constants bigger than this are never read
 
 
-def constant_array(value: ir.Value | None, *, max_size: int = _MAX_READ) -> np.ndarray | None:
-    """The value's constant contents (initializer or Constant node), or None if not constant."""
+def constant_tensor(
+    value: ir.Value | None, *, max_size: int = _MAX_READ
+) -> ir.TensorProtocol | None:
+    """The value's constant tensor (initializer or Constant node) of at most ``max_size``
+    elements, not read: None if it is not a constant."""
     if value is None:
         return None
     if value.is_graph_input():  # an initializer that is also an input can be overridden
@@ -27,7 +30,13 @@ def constant_array(value: ir.Value | None, *, max_size: int = _MAX_READ) -> np.n
         return None
     if tensor is None or tensor.size > max_size:
         return None
-    return np.asarray(tensor.numpy())
+    return tensor
+
+
+def constant_array(value: ir.Value | None, *, max_size: int = _MAX_READ) -> np.ndarray | None:
+    """The value's constant contents (initializer or Constant node), or None if not constant."""
+    tensor = constant_tensor(value, max_size=max_size)
+    return None if tensor is None else np.asarray(tensor.numpy())
 
 
 def scalar(value: ir.Value | None) -> float | None:
@@ -78,10 +87,14 @@ def fits_normalized(
             f"'{param.name}' has {len(p_dims)} dims and the input's rank is unknown: "
             "broadcasting could add dims"
         )
+    # (whether it is a constant is all this asks: its data, maybe in a file, is not read here)
     squeezable = (
-        squeeze and x_dims is not None and len(p_dims) <= len(x_dims) and squeezed(param, limit)
-        is not None
-    )  # fmt: skip
+        squeeze
+        and x_dims is not None
+        and len(p_dims) <= len(x_dims)
+        and leading_ones(param, limit) > 0
+        and constant_tensor(param) is not None
+    )
     if limit is not None and len(p_dims) > limit and not squeezable:
         return (
             f"'{param.name}' of shape {_shape_text(p_dims)} broadcasts over axes outside the "
