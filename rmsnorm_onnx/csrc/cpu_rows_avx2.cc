@@ -228,9 +228,9 @@ double AddSumSquares(const typename E::T* x, const typename E::T* skip, typename
   }
   // Where S trails X or skip by at most a step's bytes modulo 4 KB, each step's S is stored after
   // the next step's loads: stored right away, those loads would wait on it (4K aliasing, see
-  // Backwards). Measured on 2 threads, X and skip 16 bytes past a page as numpy's, S at 64 as
-  // ORT's outputs: fp16 1.06-1.14x as fast (2048x4096, 16384x768, 8192x8192), fp32 alike; S
-  // two steps' bytes past X: held, 0.91x, hence one step at most.
+  // Trails). Measured on 2 threads, X and skip 16 bytes past a page as numpy's, S at 64 as ORT's
+  // outputs: fp16 1.06-1.14x as fast (2048x4096, 16384x768, 8192x8192), fp32 unchanged; S two
+  // steps' bytes past X and held: 0.91x, hence one step at most.
   const bool hold = kSum && kStream && (Trails(x, sum, 32 * sizeof(T)) ||
                                         Trails(skip, sum, 32 * sizeof(T)));
   Raw held[4];
