@@ -23,7 +23,14 @@ ORT_ERRORS: tuple[type[Exception], ...]
 try:
     from onnxruntime.capi import onnxruntime_pybind11_state as _state
 
-    ORT_ERRORS = (_state.Fail, _state.InvalidArgument, _state.InvalidGraph, _state.RuntimeException)
+    # the op's statuses by code (NOT_IMPLEMENTED: a broadcast the CUDA kernel does not take)
+    ORT_ERRORS = (
+        _state.Fail,
+        _state.InvalidArgument,
+        _state.InvalidGraph,
+        _state.NotImplemented,
+        _state.RuntimeException,
+    )
 except ImportError:  # pragma: no cover
     ORT_ERRORS = (Exception,)
 

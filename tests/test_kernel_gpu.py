@@ -194,3 +194,106 @@ def test_concurrent_sessions_of_long_rows_on_cuda(rng):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for f in [pool.submit(work, h) for h in (50000, 65536)]:
             f.result()
+
+
+# ------------------------------------------------------------ caller's buffers on the device
+
+SENTINEL = 0xA5
+
+
+class DevicePool:
+    """One device allocation with room on both sides: tensors are bound at chosen byte offsets
+    into it (IOBinding hands a kernel whatever address the caller has), and the bytes around
+    each window are checked untouched afterwards."""
+
+    def __init__(self, data: np.ndarray, offset: int, device: str = "cuda") -> None:
+        self.offset, self.nbytes = offset, data.nbytes
+        self.dtype, self.shape = data.dtype, data.shape
+        host = np.full(offset + data.nbytes + 256, SENTINEL, np.uint8)
+        host[offset : offset + data.nbytes] = np.frombuffer(data.tobytes(), np.uint8)
+        self.value = ort.OrtValue.ortvalue_from_numpy(host, device, 0)
+
+    @property
+    def ptr(self) -> int:
+        return self.value.data_ptr() + self.offset
+
+    def read(self) -> np.ndarray:
+        """The window's tensor; fails if a byte outside the window changed."""
+        host = self.value.numpy()
+        outside = np.concatenate([host[: self.offset], host[self.offset + self.nbytes :]])
+        assert (outside == SENTINEL).all(), "bytes outside the tensor were written"
+        window = host[self.offset : self.offset + self.nbytes].tobytes()
+        return np.frombuffer(window, self.dtype).reshape(self.shape)
+
+
+def bind(binding, name: str, pool: DevicePool, *, output: bool = False, device: str = "cuda"):
+    bind_to = binding.bind_output if output else binding.bind_input
+    bind_to(name, device, 0, pool.dtype, list(pool.shape), pool.ptr)
+
+
+# element offsets: 16-byte aligned, a whole number of elements off it, rows out of step
+OFFSETS = [(0, 0, 0, 0), (1, 0, 3, 0), (0, 5, 0, 2), (7, 2, 1, 6), (3, 3, 3, 3)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", [(6, 4096), (5, 771), (33, 64)], ids=str)
+@pytest.mark.parametrize("offsets", OFFSETS, ids=str)
+def test_skip_at_any_element_offset_on_cuda(rng, dtype, shape, offsets):
+    """X, skip, Y and S bound at element offsets of their own: Y and S match the reference and
+    no byte around them is written."""
+    size = np.dtype(dtype).itemsize
+    x = quantize(rng.standard_normal(shape), dtype)
+    skip = quantize(rng.standard_normal(shape), dtype)
+    scale = quantize(rng.uniform(0.5, 1.5, shape[-1]), dtype)
+    model = make_model(dtype, skip_dtype=dtype, scale_dtype=dtype, with_sum=True)
+    sess = session(model, providers=("cuda",))
+    binding = sess.io_binding()
+    pools = {
+        name: DevicePool(data, k * size)
+        for name, data, k in zip(("x", "skip", "y", "s"), (x, skip, x, x), offsets, strict=True)
+    }
+    bind(binding, "x", pools["x"])
+    bind(binding, "skip", pools["skip"])
+    binding.bind_cpu_input("scale", scale)
+    bind(binding, "y", pools["y"], output=True)
+    bind(binding, "s", pools["s"], output=True)
+    sess.run_with_iobinding(binding)
+    expected_y, expected_s = reference.skip_rms_norm(x, skip, scale)
+    assert_matches(pools["y"].read().astype(np.float64), expected_y, dtype)
+    assert_sum_exact(pools["s"].read(), expected_s)
+    np.testing.assert_array_equal(pools["x"].read(), x)  # inputs are left as they were
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", [(6, 4096), (5, 771)], ids=str)
+def test_skip_sum_into_x_buffer_on_cuda(rng, dtype, shape):
+    """S written into X's own buffer (IOBinding allows it): every row reads X before S lands."""
+    x = quantize(rng.standard_normal(shape), dtype)
+    skip = quantize(rng.standard_normal(shape), dtype)
+    sess = session(make_model(dtype, skip_dtype=dtype, with_sum=True), providers=("cuda",))
+    binding = sess.io_binding()
+    xs, skip_pool = DevicePool(x, 16), DevicePool(skip, 0)
+    y = DevicePool(x, 0)
+    bind(binding, "x", xs)
+    bind(binding, "skip", skip_pool)
+    bind(binding, "y", y, output=True)
+    bind(binding, "s", xs, output=True)
+    sess.run_with_iobinding(binding)
+    expected_y, expected_s = reference.skip_rms_norm(x, skip)
+    assert_matches(y.read().astype(np.float64), expected_y, dtype)
+    assert_sum_exact(xs.read(), expected_s)
+
+
+def test_element_misaligned_buffer_is_a_clear_error_on_cuda(rng):
+    """A float32 X one byte off its element size: refused by name, Y's buffer (holding X's
+    values) and the bytes around it left as they were."""
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    sess = session(make_model("float32"), providers=("cuda",))
+    binding = sess.io_binding()
+    xs, y = DevicePool(x, 1), DevicePool(x, 0)
+    bind(binding, "x", xs)
+    bind(binding, "y", y, output=True)
+    # run_with_iobinding raises a plain RuntimeError for any failed status
+    with pytest.raises(RuntimeError, match="not aligned to its element size"):
+        sess.run_with_iobinding(binding)
+    np.testing.assert_array_equal(y.read(), x)
