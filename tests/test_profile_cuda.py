@@ -1,0 +1,102 @@
+"""tools/profile_cuda.py's reading of Nsight Compute's CSV (no GPU needed): the kernels between
+each pair of markers are one configuration's runs, summed per run into time, GB/s and DRAM bytes.
+The CSV below is in the form ncu 2025 wrote on an H100 (--csv --print-units base), trimmed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "profile_cuda.py"
+HEADER = (
+    '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+    '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+)
+MARKER = "at::<unnamed>::spin_kernel(long)"
+
+
+def kernel_rows(kid: int, name: str, ns: int, read: int, write: int) -> str:
+    rows = []
+    for metric, unit, value in (
+        ("dram__bytes_read.sum", "byte", read),
+        ("dram__bytes_write.sum", "byte", write),
+        ("gpu__time_duration.sum", "ns", ns),
+    ):
+        rows.append(
+            f'"{kid}","7706","python3.12","127.0.0.1","{name}","1","29","(512, 1, 1)",'
+            f'"(8, 1, 1)","0","9.0","Command line profiler metrics","{metric}","{unit}",'
+            f'"{value:,}"\n'
+        )
+    return "".join(rows)
+
+
+def write_inputs(tmp_path: Path, groups: list[list[tuple[str, int, int, int]]]) -> None:
+    """ncu.csv with a warm-up kernel, then each group between two markers; configs.json."""
+    lines = ["==PROF== Connected to process 7706\n", HEADER]
+    kid = 0
+    lines.append(kernel_rows(kid, "warm-up, before any marker", 999_999, 1, 1))
+    for group in groups:
+        for name, ns, read, write in [(MARKER, 1000, 0, 0), *group, (MARKER, 1000, 0, 0)]:
+            kid += 1
+            lines.append(kernel_rows(kid, name, ns, read, write))
+        kid += 1
+        lines.append(kernel_rows(kid, "next session's set-up, between groups", 7, 7, 7))
+    (tmp_path / "ncu.csv").write_text("".join(lines))
+    configs = [
+        {"op": "rmsnorm", "impl": "rmsnorm_onnx", "dtype": "float32", "shape": [2048, 4096]},
+        {"op": "skip", "impl": "Add+rmsnorm_onnx", "dtype": "float16", "shape": [8, 4096]},
+    ][: len(groups)]
+    (tmp_path / "configs.json").write_text(json.dumps({"runs": 2, "configs": configs}))
+
+
+def parse(tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            *(sys.executable, str(TOOL), "--parse", "ncu.csv", "--configs", "configs.json"),
+            *("--ceiling", "none.json", "--json", "table.json"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_kernels_between_markers_add_up_per_run(tmp_path):
+    mb = 2048 * 4096 * 4  # X's bytes in float32
+    write_inputs(
+        tmp_path,
+        [
+            # 2 runs of one kernel: 20 us each, X read and Y written once
+            [("RmsNormBlockKernel", 20_000, mb, mb), ("RmsNormBlockKernel", 20_000, mb, mb)],
+            # 2 runs of two kernels (Add, then our op)
+            [("Add", 3_000, 100, 50), ("SkipRms", 2_000, 10, 5)] * 2,
+        ],
+    )
+    done = parse(tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "table.json").read_text())["rows"]
+    ours = rows["rmsnorm float32 2048x4096"]["rmsnorm_onnx"]
+    assert ours["us"] == pytest.approx(20.0)
+    assert ours["kernels"] == 1
+    moved = (2 * 2048 * 4096 + 4096) * 4  # X read, Y written, the weight
+    assert ours["gbps"] == pytest.approx(moved / 20e-6 / 1e9)
+    assert ours["dram_over_moved"] == pytest.approx(2 * mb / moved)
+    add = rows["skip float16 8x4096"]["Add+rmsnorm_onnx"]
+    assert add["us"] == pytest.approx(5.0)
+    assert add["kernels"] == 2
+    assert "2048x4096" in done.stdout and "ours x 1.00" in done.stdout
+
+
+def test_a_group_count_unlike_the_configurations_is_refused(tmp_path):
+    write_inputs(tmp_path, [[("RmsNormBlockKernel", 20_000, 1, 1)]])
+    configs = json.loads((tmp_path / "configs.json").read_text())
+    configs["configs"].append(dict(configs["configs"][0]))
+    (tmp_path / "configs.json").write_text(json.dumps(configs))
+    done = parse(tmp_path)
+    assert done.returncode != 0
+    assert "1 marked kernel groups for 2 configurations" in done.stderr
