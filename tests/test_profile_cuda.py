@@ -100,3 +100,23 @@ def test_a_group_count_unlike_the_configurations_is_refused(tmp_path):
     done = parse(tmp_path)
     assert done.returncode != 0
     assert "1 marked kernel groups for 2 configurations" in done.stderr
+
+
+def test_gpu_checks_stop_with_the_reason_where_cuda_cannot_run(tmp_path):
+    """tools/gpu_checks.sh refuses up front (exit 1, the reason printed) rather than running GPU
+    tests that would all skip and count as a pass."""
+    from rmsnorm_onnx.runtime import cuda_unavailable_reason
+
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        pytest.skip("CUDA is usable here: the script would run every GPU check")
+    script = TOOL.parent / "gpu_checks.sh"
+    done = subprocess.run(
+        ["bash", str(script), str(tmp_path / "out"), sys.executable],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert reason in done.stdout
+    assert "tests/test_kernel_gpu.py" not in done.stdout  # stopped before the first step
