@@ -206,12 +206,12 @@ class DevicePool:
     into it (IOBinding hands a kernel whatever address the caller has), and the bytes around
     each window are checked untouched afterwards."""
 
-    def __init__(self, data: np.ndarray, offset: int, device: str = "cuda") -> None:
+    def __init__(self, data: np.ndarray, offset: int) -> None:
         self.offset, self.nbytes = offset, data.nbytes
         self.dtype, self.shape = data.dtype, data.shape
         host = np.full(offset + data.nbytes + 256, SENTINEL, np.uint8)
         host[offset : offset + data.nbytes] = np.frombuffer(data.tobytes(), np.uint8)
-        self.value = ort.OrtValue.ortvalue_from_numpy(host, device, 0)
+        self.value = ort.OrtValue.ortvalue_from_numpy(host, "cuda", 0)
 
     @property
     def ptr(self) -> int:
@@ -226,9 +226,9 @@ class DevicePool:
         return np.frombuffer(window, self.dtype).reshape(self.shape)
 
 
-def bind(binding, name: str, pool: DevicePool, *, output: bool = False, device: str = "cuda"):
+def bind(binding, name: str, pool: DevicePool, *, output: bool = False) -> None:
     bind_to = binding.bind_output if output else binding.bind_input
-    bind_to(name, device, 0, pool.dtype, list(pool.shape), pool.ptr)
+    bind_to(name, "cuda", 0, pool.dtype, list(pool.shape), pool.ptr)
 
 
 # element offsets: 16-byte aligned, a whole number of elements off it, rows out of step

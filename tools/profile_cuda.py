@@ -29,10 +29,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout
 
-from rmsnorm_onnx.bench import OPS, OURS, parse_shapes, shape_text
+from rmsnorm_onnx.bench import DEFAULT_DTYPES, OPS, OURS, parse_shapes, shape_text
+from rmsnorm_onnx.bench.ops import ITEMSIZES
+from rmsnorm_onnx.bench.ops import SHAPES as BENCH_SHAPES
 
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: nothing else launches it
-SHAPES = "1x4096,8x4096,32768x128,2048x4096,16384x768,8192x8192"
+SHAPES = ",".join(shape_text(s) for s in BENCH_SHAPES)  # the bench's
 IMPLS = {
     "rmsnorm": (OURS, "SimplifiedLayerNormalization", "RMSNormalization", "decomposed"),
     "skip": (OURS, "SkipSimplifiedLayerNormalization", "Add+rmsnorm_onnx", "Add+decomposed"),
@@ -155,14 +157,14 @@ def parse(args: argparse.Namespace) -> None:
     table: dict[str, dict[str, dict[str, float]]] = {}
     for config, kernels in zip(configs, groups, strict=True):
         op, shape = OPS[config["op"]], tuple(config["shape"])
-        itemsize = 4 if config["dtype"] == "float32" else 2
+        moved = op.moved_bytes(shape, ITEMSIZES[config["dtype"]])
         seconds = sum(k["gpu__time_duration.sum"] for k in kernels) * 1e-9 / runs
         dram = sum(k["dram__bytes_read.sum"] + k["dram__bytes_write.sum"] for k in kernels) / runs
         key = f"{config['op']} {config['dtype']} {shape_text(shape)}"
         table.setdefault(key, {})[config["impl"]] = {
             "us": seconds * 1e6,
-            "gbps": op.moved_bytes(shape, itemsize) / seconds / 1e9,
-            "dram_over_moved": dram / op.moved_bytes(shape, itemsize),
+            "gbps": moved / seconds / 1e9,
+            "dram_over_moved": dram / moved,
             "kernels": len(kernels) / runs,
         }
     out = []
@@ -186,7 +188,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--configs", default="configs.json", help="launch writes it, --parse reads it")
     p.add_argument("--shapes", default=SHAPES)
-    p.add_argument("--dtypes", default="float32,float16")
+    p.add_argument("--dtypes", default=",".join(DEFAULT_DTYPES))
     p.add_argument("--runs", type=int, default=3, help="timed runs per configuration")
     p.add_argument("--measure-ceiling", action="store_true", help="time copies; no ncu")
     p.add_argument("--ceiling", default="ceiling.json", help="--measure-ceiling's output")
