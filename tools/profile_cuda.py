@@ -41,23 +41,11 @@ IMPLS = {
 }
 
 
-def _buffers(op: Any, shape: tuple[int, ...], dtype: str) -> tuple[dict, Any]:
-    import numpy as np
-    import onnxruntime as ort
-
-    from rmsnorm_onnx.bench.check import make_inputs
-
-    feeds, weight = make_inputs(op, shape, dtype, 0)
-    values = {n: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for n, v in feeds.items()}
-    for name in op.outputs:
-        values[name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), "cuda", 0)
-    return values, weight
-
-
 def launch(args: argparse.Namespace) -> None:
     """Each configuration: a session, one untimed run, then a marker, ``runs`` runs, a marker."""
     import torch
 
+    from rmsnorm_onnx.bench.measure import bind, placed_tensors
     from rmsnorm_onnx.bench.models import build
     from rmsnorm_onnx.runtime import session
 
@@ -66,17 +54,13 @@ def launch(args: argparse.Namespace) -> None:
         op = OPS[op_name]
         for dtype in args.dtypes.split(","):
             for shape in parse_shapes(args.shapes):
-                values, weight = _buffers(op, shape, dtype)
+                _, weight, values = placed_tensors(op, shape, dtype, "cuda")
                 for impl in impls:
                     config = {"op": op_name, "impl": impl, "dtype": dtype, "shape": list(shape)}
                     try:
                         model, outputs = build(op, impl, dtype, shape, weight)
                         sess = session(model, providers=("cuda",))
-                        binding = sess.io_binding()
-                        for name in op.inputs:
-                            binding.bind_ortvalue_input(name, values[name])
-                        for name in outputs:
-                            binding.bind_ortvalue_output(name, values[name])
+                        binding = bind(sess, op, outputs, values)
                         sess.run_with_iobinding(binding)
                     except Exception as e:  # an implementation this onnxruntime lacks on CUDA
                         print(f"{op_name} {impl} {dtype} {shape_text(shape)}: skipped: {e}")

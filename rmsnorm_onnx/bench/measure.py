@@ -76,6 +76,30 @@ class Row:
         return d
 
 
+def placed_tensors(
+    op: Op, shape: tuple[int, ...], dtype: str, device: str, seed: int = 0
+) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, Any]]:
+    """(the op's inputs by name, its weight, an ``OrtValue`` on ``device`` ("cpu" or "cuda") for
+    every input and output name): the buffers every implementation of one measurement shares."""
+    import onnxruntime as ort
+
+    feeds, weight = check.make_inputs(op, shape, dtype, seed)
+    values = {n: ort.OrtValue.ortvalue_from_numpy(v, device, 0) for n, v in feeds.items()}
+    for name in op.outputs:
+        values[name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), device, 0)
+    return feeds, weight, values
+
+
+def bind(sess: Any, op: Op, outputs: Sequence[str], values: dict[str, Any]) -> Any:
+    """An IO binding of ``sess`` to the op's inputs and the model's ``outputs`` in ``values``."""
+    binding = sess.io_binding()
+    for name in op.inputs:
+        binding.bind_ortvalue_input(name, values[name])
+    for name in outputs:
+        binding.bind_ortvalue_output(name, values[name])
+    return binding
+
+
 def _ort_runner(
     op: Op, impl: str, values: dict[str, Any], feeds: dict[str, np.ndarray], weight: np.ndarray,
     provider: str, threads: int,
@@ -93,11 +117,7 @@ def _ort_runner(
     # session() registers our library (unused by the other models) and refuses ORT's fall back
     # from CUDA to the CPU
     sess = session(model, providers=(provider,), options=opts)
-    binding = sess.io_binding()
-    for name in op.inputs:
-        binding.bind_ortvalue_input(name, values[name])
-    for name in outputs:
-        binding.bind_ortvalue_output(name, values[name])
+    binding = bind(sess, op, outputs, values)
 
     def outputs_now() -> dict[str, np.ndarray]:
         return dict(zip(outputs, sess.run(list(outputs), feeds), strict=True))
@@ -183,19 +203,10 @@ class _Measurement:
     def __init__(
         self, op: Op, shape: tuple[int, ...], dtype: str, provider: str, threads: int, seed: int
     ) -> None:
-        import onnxruntime as ort
-
         self.op, self.shape, self.dtype, self.provider = op, shape, dtype, provider
         self.threads, self.seed = threads, seed
-        self.feeds, self.weight = check.make_inputs(op, shape, dtype, seed)
         device = "cuda" if provider == "cuda" else "cpu"
-        self.values = {
-            n: ort.OrtValue.ortvalue_from_numpy(v, device, 0) for n, v in self.feeds.items()
-        }
-        for name in op.outputs:
-            self.values[name] = ort.OrtValue.ortvalue_from_shape_and_type(
-                shape, np.dtype(dtype), device, 0
-            )
+        self.feeds, self.weight, self.values = placed_tensors(op, shape, dtype, device, seed)
         self.notes: dict[str, str] = {}
         self.correct: dict[str, bool] = {}
         self.paired: set[str] = set()  # timed in the same rounds: times[i] of each from round i
