@@ -41,6 +41,11 @@ IMPLS = {
 }
 
 
+def _key(op: str, dtype: str, shape: tuple[int, ...]) -> str:
+    """A row of the table, as both the ceiling's JSON and --parse name it."""
+    return f"{op} {dtype} {shape_text(shape)}"
+
+
 def launch(args: argparse.Namespace) -> None:
     """Each configuration: a session, one untimed run, then a marker, ``runs`` runs, a marker."""
     import torch
@@ -101,7 +106,7 @@ def measure_ceiling(args: argparse.Namespace) -> None:
                     end.synchronize()
                     times.append(start.elapsed_time(end) * 1e-3)
                 nbytes = op.copied_bytes(shape, src[0].element_size())
-                key = f"{op_name} {dtype} {shape_text(shape)}"
+                key = _key(op_name, dtype, shape)
                 ceilings[key] = nbytes / statistics.median(times[5:]) / 1e9
                 print(f"{key}: copy {ceilings[key]:.0f} GB/s")
     Path(args.ceiling).write_text(json.dumps(ceilings))
@@ -144,7 +149,7 @@ def parse(args: argparse.Namespace) -> None:
         moved = op.moved_bytes(shape, ITEMSIZES[config["dtype"]])
         seconds = sum(k["gpu__time_duration.sum"] for k in kernels) * 1e-9 / runs
         dram = sum(k["dram__bytes_read.sum"] + k["dram__bytes_write.sum"] for k in kernels) / runs
-        key = f"{config['op']} {config['dtype']} {shape_text(shape)}"
+        key = _key(config["op"], config["dtype"], shape)
         table.setdefault(key, {})[config["impl"]] = {
             "us": seconds * 1e6,
             "gbps": moved / seconds / 1e9,
