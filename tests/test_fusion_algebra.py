@@ -149,7 +149,7 @@ class Builder:
 
     def norm(self, x: str, w: str | None) -> str:
         s = self.s
-        if s.mean == "lp-normalization":  # Olive's RMSNormToL2Norm: LpNorm(x) · √N (· w), eps 0
+        if s.mean == "lp-normalization":  # Olive's RMSNormToL2Norm: LpNorm(x) · √N (· w), no ε
             y = self.op("LpNormalization", x, axis=-1, p=2)
             y = self.op("Mul", y, self.const(math.sqrt(N)), commutative=True)
             return y if w is None else self.op("Mul", y, w, commutative=True)
@@ -396,7 +396,8 @@ def test_shared_epsilon_and_exponent_constants_across_layers_fuse() -> None:
 
 def test_a_constant_factor_folds_into_a_constant_scale() -> None:
     """Olive's RMSNormToL2Norm folds √N into the weight: LpNormalization(x) · (√N · w) is
-    RMSNorm(x, w) with ε = 0; the fused scale is the weight with the factor folded back."""
+    RMSNorm(x, w) with ε the smallest normal float32 (a zero row stays zero, below); the fused
+    scale is the weight with the factor folded back."""
     b = Builder(Spelling())
     w = (1 + 0.5 * np.random.default_rng(0).standard_normal(N)).astype(np.float32)
     y = b.op("LpNormalization", "x", axis=-1, p=2)
@@ -408,3 +409,65 @@ def test_a_constant_factor_folds_into_a_constant_scale() -> None:
     x = _feed()
     want = rms_norm(x, w, epsilon=0.0)
     np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+
+
+# -- near misses and edges the algebra once got wrong
+
+
+def _fuses_nothing_and_computes_the_same(model: onnx.ModelProto, x: np.ndarray) -> None:
+    fused, report = fuse(model)
+    assert report.fused_count == 0, report.summary(verbose=True)
+    np.testing.assert_array_equal(run(fused, {"x": x})[0], run(model, {"x": x})[0])
+
+
+@pytest.mark.parametrize("exponent", [1.9999999, 2.000001])
+def test_an_exponent_near_two_is_no_square(exponent: float) -> None:
+    """Pow(x, 1.9999999) is NaN for a negative x where x² is not: not a norm's square."""
+    model, _ = build(Spelling())
+    pow_node = _first(model, "Pow")
+    init = next(t for t in model.graph.initializer if t.name == pow_node.input[1])
+    init.CopyFrom(numpy_helper.from_array(np.asarray(exponent, np.float32), init.name))
+    x = _feed()
+    assert np.isnan(run(model, {"x": x})[0]).any()
+    _fuses_nothing_and_computes_the_same(model, x)
+
+
+@pytest.mark.parametrize("numerator", ["sqrt-of-square", "square-of-sqrt"])
+def test_a_root_of_a_signed_tensor_is_not_that_tensor(numerator: str) -> None:
+    """√(x·x) is |x| and (√x)² is NaN for a negative x: neither is the x an RMSNorm keeps."""
+    b = Builder(Spelling(mean="mean-mul"))
+    square = b.square("x")
+    ms = b.reduce("ReduceMean", square)
+    inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, b.const(EPS))))
+    if numerator == "sqrt-of-square":
+        top = b.op("Sqrt", square)
+    else:
+        top = b.op("Pow", b.op("Sqrt", "x"), b.const(2.0))
+    _fuses_nothing_and_computes_the_same(b.model(b.op("Mul", top, inv)), _feed())
+
+
+def test_the_norm_of_a_square_fuses() -> None:
+    """h = Relu(a)·Relu(a) (squared-ReLU activations) normalized: h is x, not a² to open up."""
+    b = Builder(Spelling(mean="mean-mul"))
+    relu = b.op("Relu", "x")
+    h = b.op("Mul", relu, relu)
+    w = (1 + 0.5 * np.random.default_rng(0).standard_normal(N)).astype(np.float32)
+    y = b.norm(h, b.const(w))
+    fused, report = fuse(b.model(y))
+    assert report.fused_count == 1, report.summary(verbose=True)
+    x = _feed()
+    want = rms_norm(np.maximum(x, 0) ** 2, w, epsilon=EPS)
+    np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["custom", "decomposed", "standard"])
+def test_lp_normalization_keeps_a_row_of_zeros_zero(target: str) -> None:
+    """LpNormalization maps a zero row (padding) to zeros; ε = 0 would make it 0·∞ = NaN."""
+    model, _ = build(Spelling(mean="lp-normalization"))
+    fused, report = fuse(model, target=target)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    x = _feed()
+    x[0, 1] = 0.0
+    want = run(model, {"x": x})[0]
+    assert not np.isnan(want).any() and not want[0, 1].any()
+    np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-5, atol=1e-6)

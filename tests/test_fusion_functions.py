@@ -135,6 +135,31 @@ def test_residual_add_outside_the_function_is_absorbed(target: str) -> None:
         assert [n.op_type for n in fused.graph.node if n.domain] == ["SkipRMSNorm"]
 
 
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_epsilon_from_the_attribute_default_when_the_call_omits_it(target: str) -> None:
+    """``FunctionProto.attribute_proto`` holds ε's default (onnxscript writes
+    ``epsilon: float = 1e-6``); calls that omit it, in the graph and in another function, fuse
+    with that default (onnx's inliner drops the reference: a Constant with no value, a file
+    onnxruntime refused to load)."""
+    norm = _norm_function(True)
+    del norm.attribute[:]
+    norm.attribute_proto.append(helper.make_attribute("epsilon", 0.25))
+    outer_body = [helper.make_node("Norm", ["x", "w"], ["y"], domain="local")]
+    outer = helper.make_function("local", "Outer", ["x", "w"], ["y"], outer_body, [*OPSET, LOCAL])
+    model = _model(
+        [
+            helper.make_node("Norm", ["x", "w"], ["a"], domain="local"),
+            helper.make_node("Outer", ["a", "w"], ["y"], domain="local"),
+        ],
+        [norm, outer],
+        inits=[numpy_helper.from_array(W, "w")],
+    )
+    x = np.random.default_rng(6).standard_normal(SHAPE).astype(np.float32)
+    want = rms_norm(rms_norm(x, W, epsilon=0.25), W, epsilon=0.25)
+    np.testing.assert_allclose(run(model, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+    _check(model, {"x": x}, [want], target, 2)
+
+
 def test_norm_split_over_nested_functions() -> None:
     """Inner computes the inverse RMS, Outer multiplies: one chain once both are inlined."""
     inner_body = _norm_body("x", None, "unused")[:-1]  # up to inv

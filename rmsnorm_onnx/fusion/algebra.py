@@ -41,6 +41,7 @@ STATISTIC_OPS = frozenset(
 )
 _PRECISION = {ir.DataType.FLOAT16: 1, ir.DataType.BFLOAT16: 1, ir.DataType.FLOAT: 2}
 _PRECISION[ir.DataType.DOUBLE] = 3
+LP_ZERO_ROW_EPSILON = float(np.finfo(np.float32).tiny)  # see Reader._op_LpNormalization
 _MAX_DEPTH = 64  # read recursion: a norm is a handful of ops; deeper chains are something else
 
 
@@ -198,7 +199,7 @@ class Reader:
         times a tensor (Gemma's scaled embedding, a gated input, the previous norm's output):
         that is the x a norm normalizes, not a product to open up."""
         result = self.expand(value, depth)
-        if isinstance(result, Product) and _shared(value) and _has_plain_factor(result):
+        if isinstance(result, Product) and _shared(value) and _opaque_when_shared(result):
             return Product.leaf(value)
         return result
 
@@ -330,7 +331,7 @@ class Reader:
         inner = self.read(node.inputs[0], depth)
         if isinstance(inner, Miss):
             return inner
-        if inner.coef < 0:
+        if not _has_root(inner, Fraction(1, 2)):
             return Product.leaf(value)
         return inner.power(Fraction(1, 2))
 
@@ -343,11 +344,16 @@ class Reader:
             if base.statistic():
                 return Miss("the exponent of Pow of the mean is not a constant scalar", node)
             return Product.leaf(value)
+        array = np.asarray(constant_array(node.inputs[1], max_size=1))
         exponent = Fraction(e).limit_denominator(64)
-        if abs(float(exponent) - e) > 1e-6 or (base.coef < 0 and exponent.denominator != 1):
+        # a simple fraction as the exponent's type holds it (-1/2, 2, 1/3 rounded); 1.9999999 is
+        # no 2: it takes a negative base to NaN where a square does not
+        if np.asarray(float(exponent)).astype(array.dtype) != array.reshape(()):
+            return Product.leaf(value)
+        if not _has_root(base, exponent):
             return Product.leaf(value)
         out = base.power(exponent)
-        ndim = np.asarray(constant_array(node.inputs[1], max_size=1)).ndim
+        ndim = array.ndim
         out.const_ndim = max(out.const_ndim, ndim)
         if exponent < 0 and base.statistic():
             out.spelling.setdefault("root", "pow-half")
@@ -373,7 +379,8 @@ class Reader:
     # -- the statistics: means of squares
     def _square_of(self, node: ir.Node, depth: int) -> tuple[ir.Value, float] | Miss | None:
         """(y, c) when the node's input reads as c·y², a Miss for a near miss, else None."""
-        read = self.read(node.inputs[0], depth) if node.inputs and node.inputs[0] else None
+        # expanded even where others read it: x² read elsewhere is still this norm's square
+        read = self.expand(node.inputs[0], depth) if node.inputs and node.inputs[0] else None
         if read is None:
             return None
         if isinstance(read, Miss):
@@ -417,7 +424,7 @@ class Reader:
         if isinstance(found, Miss):
             return found
         y, coef = found
-        square = _with_square(self.read(node.inputs[0], depth), node.inputs[0])
+        square = _with_square(self.expand(node.inputs[0], depth), node.inputs[0])
         if count:
             n = self.count(node, y)
             if isinstance(n, Miss):
@@ -433,7 +440,7 @@ class Reader:
         r = rank(y)
         if r is None or r < 3:
             return Miss("GlobalAveragePool of a square whose rank is unknown or below 3", node)
-        square = _with_square(self.read(node.inputs[0], depth), node.inputs[0])
+        square = _with_square(self.expand(node.inputs[0], depth), node.inputs[0])
         out = Product(coef=coef, const_ndim=square.const_ndim, narrowest=square.narrowest)
         out.interior.update(square.interior)
         out.spelling.update(square.spelling)
@@ -485,13 +492,16 @@ class Reader:
         n = _static_count(y, -1)
         if n is None:
             return Miss("LpNormalization over an axis of unknown size: N is not known", node)
-        ms = MeanSquare(y, -1, node)
+        # LpNormalization maps a row of zeros to zeros, where x·ms^(-1/2) is 0·∞: the smallest
+        # normal float32 as ε gives those rows 0 and changes no other row's float32 result
+        # (ms + ε rounds to ms for any ms above 2^-102)
+        shifted = Shifted(MeanSquare(y, -1, node), LP_ZERO_ROW_EPSILON, outside=False)
         out = Product(coef=(1.0 if c > 0 else -1.0) / math.sqrt(n), narrowest=read.narrowest)
         out.interior.update(read.interior)
         out.spelling.update({"square": "LpNormalization", "mean": "LpNormalization"})
         out.spelling.setdefault("root", "LpNormalization")
         out.powers[term_key(y)] = (y, Fraction(1))
-        out.powers[term_key(ms)] = (ms, Fraction(-1, 2))
+        out.powers[term_key(shifted)] = (shifted, Fraction(-1, 2))
         return out
 
     # -- axes
@@ -586,14 +596,27 @@ def _with_square(square: Product | Miss, value: ir.Value) -> Product:
     return out
 
 
+def _has_root(base: Product, exponent: Fraction) -> bool:
+    """Whether base^exponent is the product of its terms' powers: always for an integer
+    exponent; for a root only where nothing in it can be negative (the statistics and a positive
+    coefficient). √(x·x) is |x|, not x; (√x)² is NaN for a negative x."""
+    if exponent.denominator == 1:
+        return True
+    return base.coef >= 0 and not base.leaves()
+
+
 def _shared(value: ir.Value) -> bool:
     return value.is_graph_output() or len({id(n) for n in value.consumers()}) > 1
 
 
-def _has_plain_factor(read: Product) -> bool:
-    """A factor to the power 1: the value is something times a tensor (not a square, not a
-    statistic alone, whose other readers the report names)."""
-    return any(isinstance(t, ir.Value) and e == 1 for t, e in read.terms())
+def _opaque_when_shared(read: Product) -> bool:
+    """Whether a value others read too is a leaf: where it is something times a tensor, or
+    powers of tensors (squared-ReLU activations a·a): the x of a norm, not a product to open up.
+    Not a statistic, whose other readers the report names (nor the square a reduction takes,
+    which :meth:`Reader._square_of` opens up whoever else reads it)."""
+    if any(isinstance(t, ir.Value) and e == 1 for t, e in read.terms()):
+        return True
+    return not read.statistic() and bool(read.leaves())
 
 
 _ARITHMETIC = frozenset({"Cast", "CastLike", "Identity", "Mul", "Div", "Sqrt", "Pow", "Reciprocal"})

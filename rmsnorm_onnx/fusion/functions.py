@@ -10,6 +10,8 @@ ops, which the pass writes itself).
 
 from __future__ import annotations
 
+import copy
+
 import onnx
 import onnx.inliner
 
@@ -20,6 +22,14 @@ from .sources import SOURCE_OPS
 _DEFAULT = ("", "ai.onnx")
 
 
+def _graphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [
+        g
+        for attr in node.attribute
+        for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs))
+    ]
+
+
 def _holds_norm(node: onnx.NodeProto) -> bool:
     if node.domain in _DEFAULT and node.op_type in STATISTIC_OPS:
         return True
@@ -27,19 +37,12 @@ def _holds_norm(node: onnx.NodeProto) -> bool:
         return True
     if node.domain == op_schema.DOMAIN:
         return True
-    return any(
-        _holds_norm(n)
-        for attr in node.attribute
-        for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs))
-        for n in graph.node
-    )
+    return any(_holds_norm(n) for graph in _graphs(node) for n in graph.node)
 
 
 def _calls(node: onnx.NodeProto) -> list[tuple[str, str]]:
     found = [(node.domain, node.op_type)]
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        found += [call for graph in graphs for n in graph.node for call in _calls(n)]
+    found += [call for graph in _graphs(node) for n in graph.node for call in _calls(n)]
     return found
 
 
@@ -59,12 +62,41 @@ def norm_functions(proto: onnx.ModelProto) -> list[tuple[str, str]]:
     return sorted(marked)
 
 
+def _with_defaults(proto: onnx.ModelProto, selected: list[tuple[str, str]]) -> onnx.ModelProto:
+    """``proto`` with each call of a selected function given the attribute defaults it omits
+    (``FunctionProto.attribute_proto``, as onnxscript writes ``epsilon: float = 1e-6``):
+    onnx.inliner drops a reference to an attribute the call does not pass, which would leave an
+    ε ``Constant`` with no value."""
+    defaults = {
+        (f.domain, f.name, f.overload): list(f.attribute_proto)
+        for f in proto.functions
+        if (f.domain, f.name) in selected and f.attribute_proto
+    }
+    if not defaults:
+        return proto
+    proto = copy.deepcopy(proto)
+
+    def fill(nodes: list[onnx.NodeProto]) -> None:
+        for node in nodes:
+            passed = {a.name for a in node.attribute}
+            for default in defaults.get((node.domain, node.op_type, node.overload), []):
+                if default.name not in passed:
+                    node.attribute.append(default)
+            for graph in _graphs(node):
+                fill(list(graph.node))
+
+    fill(list(proto.graph.node))
+    for function in proto.functions:
+        fill(list(function.node))
+    return proto
+
+
 def inline_norm_functions(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """``proto`` with the functions that hold a norm inlined; notes naming them."""
     selected = norm_functions(proto)
     if not selected:
         return proto, []
-    inlined = onnx.inliner.inline_selected_functions(proto, selected)
+    inlined = onnx.inliner.inline_selected_functions(_with_defaults(proto, selected), selected)
     inlined.ir_version = proto.ir_version
     names = ", ".join(f"{d}::{n}" for d, n in selected)
     return inlined, [f"inlined the function(s) holding a norm at their call sites: {names}"]
