@@ -471,3 +471,19 @@ def test_lp_normalization_keeps_a_row_of_zeros_zero(target: str) -> None:
     want = run(model, {"x": x})[0]
     assert not np.isnan(want).any() and not want[0, 1].any()
     np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cast", ["Cast", "CastLike"])
+def test_a_sum_divided_by_an_integer_count_cast_to_float_fuses(cast: str) -> None:
+    """ReduceSum(x²) / Cast(N), N an int64 constant (how a graph writes the count as a dim)."""
+    b = Builder(Spelling())
+    count = numpy_helper.from_array(np.asarray(N, np.int64), "n_int")
+    b.inits.append(count)
+    n = b.op("Cast", "n_int", to=TensorProto.FLOAT) if cast == "Cast" else b.op(cast, "n_int", "x")
+    ms = b.op("Div", b.reduce("ReduceSum", b.square("x")), n)
+    y = b.op("Div", "x", b.op("Sqrt", b.op("Add", ms, b.const(EPS))))
+    fused, report = fuse(b.model(y))
+    assert report.fused_count == 1, report.summary(verbose=True)
+    x = _feed()
+    np.testing.assert_allclose(run(fused, {"x": x})[0], rms_norm(x, None, epsilon=EPS),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip

@@ -280,7 +280,13 @@ class Reader:
 
     def _op_Cast(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
         src = node.inputs[0]
-        if src is None or value.dtype not in _PRECISION or src.dtype not in _PRECISION:
+        if src is None or value.dtype not in _PRECISION:
+            return Product.leaf(value)
+        const = constant_array(src, max_size=1)
+        if const is not None and const.size == 1 and _is_number(const):  # Cast(N) of an int N
+            number = const.reshape(()).astype(value.dtype.numpy())
+            return Product(coef=float(number), const_ndim=const.ndim)
+        if src.dtype not in _PRECISION:
             return Product.leaf(value)
         inner = self.read(src, depth)
         if isinstance(inner, Miss) or _is_plain_leaf(inner) or inner.constant:
