@@ -373,6 +373,8 @@ def _decoder_feeds(sess: Any, model: dict[str, Any]) -> dict[str, np.ndarray]:
     (its symbolic dims, such as the cache's head size, cannot be guessed)."""
     decoder = model["decoder"]
     names = decoder.get("inputs", {})
+    if not isinstance(decoder, dict) or not isinstance(names, dict):
+        raise InvalidModelError("genai_config.json: model.decoder and its inputs must be objects")
     past = [
         re.compile(re.escape(names[k]).replace("%d", r"\d+") + "$")
         for k in ("past_key_names", "past_value_names")
@@ -383,17 +385,36 @@ def _decoder_feeds(sess: Any, model: dict[str, Any]) -> dict[str, np.ndarray]:
     for arg in sess.get_inputs():
         dtype = onnx_io.ORT_TYPES.get(arg.type, np.dtype(np.float32))
         if arg.name == names.get("input_ids", "input_ids"):
-            feeds[arg.name] = rng.integers(0, model.get("vocab_size", 2), (1, _PROMPT), dtype)
+            if dtype.kind not in "iu":
+                raise InvalidModelError(
+                    f"verify: the decoder's input_ids '{arg.name}' is {arg.type}"
+                )
+            vocab = _positive_int(model, "vocab_size", 2)
+            feeds[arg.name] = rng.integers(0, vocab, (1, _PROMPT), dtype)
         elif arg.name == names.get("attention_mask", "attention_mask"):
             feeds[arg.name] = np.ones((1, _PROMPT), dtype)
         elif arg.name == names.get("position_ids", "position_ids"):
             feeds[arg.name] = np.arange(_PROMPT, dtype=dtype)[None]
         elif any(p.match(arg.name) for p in past) and "head_size" in decoder:
-            heads = decoder.get("num_key_value_heads", decoder.get("num_attention_heads"))
-            feeds[arg.name] = np.zeros((1, heads, 0, decoder["head_size"]), dtype)
+            key = (
+                "num_key_value_heads" if "num_key_value_heads" in decoder else "num_attention_heads"
+            )
+            heads = _positive_int(decoder, key, None)
+            feeds[arg.name] = np.zeros(
+                (1, heads, 0, _positive_int(decoder, "head_size", None)), dtype
+            )
         else:
             raise RMSNormOnnxError(f"verify: no value known for the decoder's input '{arg.name}'")
     return feeds
+
+
+def _positive_int(config: dict[str, Any], key: str, default: int | None) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidModelError(
+            f"genai_config.json: {key} must be a positive integer, got {value!r}"
+        )
+    return value
 
 
 def _verify_decoder(original: Path, converted: Path, model: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "all_tensors",
     "atomic_path",
     "check_external_data",
+    "commit",
     "data_path",
     "external_reference",
     "hf_blobs",
@@ -33,6 +34,7 @@ __all__ = [
     "new_temp_beside",
     "output_target",
     "remove_stale_temps",
+    "same_file",
     "save_model",
     "serialize",
     "set_ir_version",
@@ -172,6 +174,8 @@ def output_target(path: str | os.PathLike[str]) -> Path:
     dangling symlink and a missing or unwritable folder, each with one clear line."""
     given = Path(path)
     target = given
+    if len(os.fsencode(given.name)) > _name_max(given.parent):
+        raise UsageError(f"{given}: the file name is longer than its folder allows")
     if given.is_symlink():
         target = Path(os.path.realpath(given))
         if not target.exists():
@@ -198,6 +202,60 @@ def output_target(path: str | os.PathLike[str]) -> Path:
     return target
 
 
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether a and b name one file: the same path after symlinks, or one inode (hard links)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows), or no such limit
+        return 255
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive in the block take effect after it (main thread only:
+    elsewhere Python runs no handler anyway)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[int, object]] = []
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, lambda num, frame: caught.append((num, frame)))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for num, frame in caught[:1]:
+            handler = previous[num]
+            if callable(handler):
+                handler(num, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(num)
+
+
+def commit(staged: list[tuple[Path, Path]]) -> None:
+    """Move each (temporary, final) pair into place, in order, as one step that Ctrl-C or
+    SIGTERM cannot cut in two (they take effect after it). The last pair should be the file that
+    names the others (a model after its data files)."""
+    with _signals_deferred():
+        for tmp, final in staged:
+            try:
+                os.replace(tmp, final)
+            except OSError as e:
+                raise UsageError(f"{final}: cannot replace it ({e.strerror})") from None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; move it over ``path`` only if the block succeeds.
@@ -210,7 +268,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = new_temp_beside(target)
     try:
         yield tmp
-        os.replace(tmp, target)
+        commit([(tmp, target)])
     finally:
         tmp.unlink(missing_ok=True)
 

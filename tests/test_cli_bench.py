@@ -118,6 +118,17 @@ def test_bench_plot_into_missing_folder_is_a_usage_error(tmp_path: Path) -> None
     assert "does not exist" in error_lines(result.stderr)[0]
 
 
+@pytest.mark.parametrize("where", ["folder", "device"])
+def test_bench_json_that_cannot_be_a_file_is_refused_before_measuring(
+    tmp_path: Path, where: str
+) -> None:
+    path = tmp_path if where == "folder" else Path("/dev/null")
+    result = run_cli("bench", "--shapes", "8x64", "--json", path)
+    assert result.returncode == 2, result.stderr
+    assert "not a " in error_lines(result.stderr)[0] or "directory" in result.stderr
+    assert "Benchmarking" not in result.stderr and not result.stdout
+
+
 def test_help_is_the_benchmark_table() -> None:
     # one table serves the CLI and the library: --help lists what a run would time
     from rmsnorm_onnx import bench

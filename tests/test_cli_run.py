@@ -19,7 +19,7 @@ from cli_support import (
 )
 from onnx import TensorProto
 
-from rmsnorm_onnx import reference, runtime
+from rmsnorm_onnx import onnx_io, reference, runtime
 
 EPS = 1e-5
 _OUTPUT = re.compile(
@@ -309,3 +309,89 @@ def test_unknown_attribute_of_our_op_is_refused(tmp_path: Path) -> None:
     assert done.returncode != 0
     lines = error_lines(done.stderr)
     assert len(lines) == 1 and "unknown attribute 'groups'" in lines[0], done.stderr
+
+
+@pytest.mark.parametrize("which", ["model", "compare", "input", "data"])
+def test_save_outputs_never_replaces_a_file_the_run_reads(tmp_path: Path, which: str) -> None:
+    """--save-outputs naming the model, the --compare model, an --input file or the model's
+    external data file is refused before the run, and that file is left as it was."""
+    import onnx
+
+    model = decomposed_rmsnorm_model(tmp_path / "m.onnx", eps=EPS)
+    other = fused_rmsnorm_model(tmp_path / "other.onnx", eps=EPS)
+    np.save(tmp_path / "x.npy", np.ones((2, 3, 64), np.float32))
+    if which == "data":
+        proto = onnx.load(model)
+        onnx.save_model(proto, model, save_as_external_data=True, location="m.bin",
+                        size_threshold=0)  # fmt: skip
+    victim = {"model": model, "compare": other, "input": tmp_path / "x.npy",
+              "data": tmp_path / "m.bin"}[which]  # fmt: skip
+    before = victim.read_bytes()
+    alias = tmp_path / "alias"
+    alias.symlink_to(victim)
+    for target in (victim, alias):
+        result = run_cli("run", model, "--compare", other, "--input", f"x={tmp_path / 'x.npy'}",
+                         "--save-outputs", target)  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert "refusing to replace it" in error_lines(result.stderr)[-1], result.stderr
+        assert "\noutputs\n" not in result.stdout  # refused before running
+    assert victim.read_bytes() == before
+
+
+def test_save_outputs_keeps_every_output_under_its_name(tmp_path: Path) -> None:
+    """Outputs named like np.savez's own arguments (``file``, ``allow_pickle``) are kept."""
+    from onnx import helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    names = ["file", "allow_pickle", "args"]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in names]
+    nodes = [helper.make_node("Neg", ["x"], [names[0]]), helper.make_node("Abs", ["x"], [names[1]]),
+             helper.make_node("Identity", ["x"], [names[2]])]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [x], outs)
+    path = tmp_path / "m.onnx"
+    onnx_io.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    xs = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    np.save(tmp_path / "x.npy", xs)
+    saved = tmp_path / "out.npz"
+    result = run_cli("run", path, "--input", f"x={tmp_path / 'x.npy'}", "--save-outputs", saved)
+    assert result.returncode == 0, result.stderr
+    with np.load(saved) as archive:
+        assert sorted(archive.files) == sorted(names)
+        np.testing.assert_array_equal(archive["file"], -xs)
+        np.testing.assert_array_equal(archive["allow_pickle"], np.abs(xs))
+        np.testing.assert_array_equal(archive["args"], xs)
+
+
+@pytest.mark.parametrize("kind", ["string", "sequence"])
+def test_outputs_that_are_not_number_tensors_are_refused_before_the_run(
+    tmp_path: Path, kind: str
+) -> None:
+    from onnx import helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    if kind == "string":
+        node = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.STRING)
+        y = helper.make_tensor_value_info("y", TensorProto.STRING, [2, 3])
+    else:
+        node = helper.make_node("SequenceConstruct", ["x", "x"], ["y"])
+        y = helper.make_tensor_sequence_value_info("y", TensorProto.FLOAT, None)
+    path = tmp_path / "m.onnx"
+    graph = helper.make_graph([node], "g", [x], [y])
+    onnx_io.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    result = run_cli("run", path)
+    assert result.returncode == 2, result.stderr
+    assert error_lines(result.stderr) == [
+        f"rmsnorm-onnx: error: {path}: output 'y' is "
+        f"{'tensor(string)' if kind == 'string' else 'seq(tensor(float))'}: `run` shows, "
+        "compares and saves tensors of numbers only"
+    ]
+
+
+def test_an_os_error_names_the_path_without_a_traceback(tmp_path: Path) -> None:
+    """A folder that cannot be made (a file in the way): the path and the reason, one line."""
+    (tmp_path / "regular").write_text("")
+    result = run_cli("export", "--all-samples", tmp_path / "regular" / "sub")
+    assert result.returncode == 1, result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and "unexpected" not in lines[0], result.stderr
+    assert f"{tmp_path / 'regular' / 'sub'}: Not a directory" in lines[0], result.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -341,3 +342,50 @@ def test_a_snapshot_link_out_of_the_cache_or_a_location_with_dotdot_is_refused(t
     with pytest.raises(InvalidModelError, match="lies outside"):
         fuse_file(src, tmp_path / "out2.onnx")
     assert not any(p.name.startswith("out") for p in tmp_path.iterdir())
+
+
+def test_a_blocked_data_name_is_refused_before_the_previous_out_changes(external_model, tmp_path):
+    """OUT written before, then a model of several data files to the same OUT with one of the
+    OUT.data* names taken by a folder: refused before any copy; the earlier OUT and its data
+    file are as they were (their data file replaced first would break the earlier OUT)."""
+    src, _, v = external_model
+    out = tmp_path / "out" / "x.onnx"
+    out.parent.mkdir()
+    fuse_file(src, out)
+    before = {p.name: _digest(p) for p in out.parent.iterdir()}
+    many = tmp_path / "many" / "model.onnx"
+    many.parent.mkdir()
+    onnx.save_model(onnx.load(src), many, save_as_external_data=True,
+                    all_tensors_to_one_file=False, size_threshold=64)  # fmt: skip
+    count = len({p.name for p in many.parent.iterdir()}) - 1
+    assert count >= 3
+    (out.parent / "x.onnx.data2").mkdir()
+    with pytest.raises(UsageError, match=r"x\.onnx\.data2: is a directory"):
+        fuse_file(many, out)
+    assert {p.name: _digest(p) for p in out.parent.iterdir() if p.is_file()} == before
+    run(onnx.load(out), feeds(v))  # the earlier OUT still loads its weights and runs
+
+
+def test_an_out_whose_data_name_is_too_long_is_refused_before_copying(external_model, tmp_path):
+    src, _, _ = external_model
+    out = tmp_path / ("n" * 250 + ".onnx")  # OUT fits in 255 bytes, OUT.data does not
+    with pytest.raises(UsageError, match="longer than"):
+        fuse_file(src, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_a_text_field_that_is_not_utf8_is_named(tmp_path):
+    """protobuf hands such a field over as bytes; onnxruntime runs the file, so fusion must say
+    which field it cannot read rather than fail inside onnx-ir."""
+    model = build(Variant())
+    onnx.helper.set_model_props(model, {"producer-note": "x"})
+    model.graph.node.append(helper.make_node("Neg", ["y"], ["z"], name="the-last-node"))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    for field, name in (("metadata_props[0].key", b"producer-note"), ("node[8].name", b"the-last")):
+        data = bytearray(model.SerializeToString())
+        data[data.index(name)] = 0xFF
+        path = tmp_path / "m.onnx"
+        path.write_bytes(bytes(data))
+        where = f"model.{field}" if field.startswith("metadata") else f"model.graph.{field}"
+        with pytest.raises(InvalidModelError, match=re.escape(f"{where} is not UTF-8")):
+            fuse(str(path))

@@ -203,6 +203,26 @@ def test_bad_genai_config_is_one_clear_error(genai_dir: Path, text: str, message
     assert not (genai_dir.parent / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: m.update(vocab_size="abc"), "vocab_size must be a positive integer"),
+        (lambda m: m.update(vocab_size=-3), "vocab_size must be a positive integer"),
+        (lambda m: m["decoder"].update(inputs=["input_ids"]), "must be objects"),
+    ],
+    ids=["vocab-text", "vocab-negative", "inputs-list"],
+)
+def test_verify_with_config_values_of_the_wrong_kind_is_one_clear_error(
+    tmp_path: Path, genai_dir: Path, edit, message: str, fused_library: str
+) -> None:
+    config = json.loads((genai_dir / CONFIG).read_text())
+    edit(config["model"])
+    (genai_dir / CONFIG).write_text(json.dumps(config))
+    with pytest.raises(InvalidModelError, match=message):
+        fuse_folder(genai_dir, tmp_path / "out", verify=True)
+    _no_output(tmp_path, "llama-cpu")
+
+
 def test_failure_midway_leaves_nothing(tmp_path: Path, genai_dir: Path) -> None:
     (genai_dir / "model.onnx").write_bytes(b"not an onnx file")
     with pytest.raises(InvalidModelError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 from ..bench import ALL_IMPLS, CEILING, DEFAULT_DTYPES, OPS, OURS, shape_text  # stdlib only
@@ -132,6 +131,7 @@ def _check_sizes(
 
 def run(args: argparse.Namespace) -> int:
     from .. import bench
+    from ..onnx_io import output_target
     from .progress import Progress
 
     shapes = bench.parse_shapes(args.shapes) if args.shapes else None
@@ -143,8 +143,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--budget must be > 0")
     _check_sizes(ops, shapes, dtypes, args.max_gb)
     for path in (args.plot, args.json):
-        if path and not Path(path).parent.is_dir():
-            raise UsageError(f"{path}: folder {Path(path).parent} does not exist")
+        if path is not None:  # a folder, a device or a missing folder: refused before measuring
+            if not path:
+                raise UsageError("--plot/--json: the path is empty")
+            output_target(path)
 
     total = sum(len(OPS[o].shapes if shapes is None else shapes) for o in ops) * len(dtypes)
     started = []

@@ -142,6 +142,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    except OSError as e:  # a full disk, a name too long, a path through a file: say which path
+        paths = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+        _report(f"{paths or 'file system'}: {e.strerror or e}", hint=True)
+        return 1
     except Exception as e:
         _report(f"unexpected {type(e).__name__}: {e}", hint=True)
         return 1

@@ -147,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
     if (args.atol is not None or args.rtol is not None) and not args.compare:
         raise UsageError("--atol/--rtol need --compare OTHER.onnx")
     model = _load(args.model)
+    other_model = _load(args.compare) if args.compare else None
+    if args.save_outputs is not None:  # before the run: refused where it would replace a read file
+        _check_save_target(args, [(args.model, model), (args.compare, other_model)])
     feeds = _feeds(args, model)
     arrays = {name: feed.array for name, feed in feeds.items()}
     session, library = _session(args.model, model, args.provider, args.threads, args.library)
@@ -154,14 +157,13 @@ def run(args: argparse.Namespace) -> int:
     outputs = ort_run.checked(call)
     calls = [call]
     if args.compare:
-        other_model = _load(args.compare)
         other_call = _other_runner(args, other_model, feeds)
         other_outputs = ort_run.checked(other_call)
         calls.append(other_call)
     timings = ort_run.time_calls(calls, repeat=args.repeat, warmup=args.warmup)
 
     _print_run(args.model, model, session, library, feeds, outputs, timings[0])
-    if args.save_outputs:
+    if args.save_outputs is not None:
         _save(outputs, args.save_outputs)
     if args.compare:
         _print_comparison(args, other_model, outputs, other_outputs, timings)
@@ -277,6 +279,7 @@ def _session(
     import onnxruntime as ort
 
     from .. import op_functions, runtime
+    from ..onnx_io import ORT_TYPES
 
     if not library and not op_functions.has_bodies(model):
         raise RMSNormOnnxError(
@@ -296,6 +299,12 @@ def _session(
         raise
     except Exception as e:  # ORT's own exception types for models it cannot load
         raise RMSNormOnnxError(f"{path}: onnxruntime cannot load it: {e}") from None
+    for output in session.get_outputs():  # checked before a run, not after it
+        if output.type not in ORT_TYPES:
+            raise UsageError(
+                f"{path}: output '{output.name}' is {output.type}: `run` shows, compares and "
+                "saves tensors of numbers only"
+            )
     return session, str(runtime.library_path()) if library else None
 
 
@@ -329,20 +338,50 @@ def _table(rows: list[tuple[str, ...]]) -> None:
     print("\n".join(format_table(rows, indent="  ")) if rows else "  (none)")
 
 
+def _check_save_target(args: argparse.Namespace, models: list[tuple[str | None, Any]]) -> None:
+    """Refuse a --save-outputs path that is a file this run reads: a model, one of its data
+    files, an input."""
+    from ..fusion.external import external_files
+    from ..onnx_io import output_target, same_file
+    from .inputs import parse_assignments
+
+    if not args.save_outputs:
+        raise UsageError("--save-outputs: the path is empty")
+    target = output_target(args.save_outputs)
+    read: list[tuple[Path, str]] = []
+    for path, model in models:
+        if path is not None:
+            read.append((Path(path), f"the model {path}"))
+            base = Path(path).parent
+            read += [(base / loc, f"{path}'s data file {loc}") for loc in external_files(model)]
+    if args.inputs:
+        read.append((Path(args.inputs), f"the --inputs file {args.inputs}"))
+    for name, file in parse_assignments(args.input, "--input").items():
+        read.append((Path(file), f"the --input file of {name}"))
+    for path, what in read:
+        if same_file(target, path):
+            raise UsageError(
+                f"--save-outputs {args.save_outputs}: is {what}; refusing to replace it"
+            )
+
+
 def _save(outputs: dict[str, Any], path: str) -> None:
+    """An .npz archive, one ``NAME.npy`` per output (written entry by entry: np.savez takes the
+    names as keyword arguments, and an output called ``file`` or ``allow_pickle`` is one)."""
+    import zipfile
+
     import numpy as np
 
     from ..onnx_io import atomic_path
     from .inputs import type_name
 
-    plain = {}
-    for name, array in outputs.items():
-        if type_name(array.dtype) == "bfloat16":  # .npz cannot hold it without pickling
-            console.note(f"note: output {name!r} is bfloat16, saved as float32")
-            array = array.astype(np.float32)
-        plain[name] = array
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez(f, **plain)
+    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", allowZip64=True) as archive:
+        for name, array in outputs.items():
+            if type_name(array.dtype) == "bfloat16":  # .npz cannot hold it without pickling
+                console.note(f"note: output {name!r} is bfloat16, saved as float32")
+                array = array.astype(np.float32)
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as entry:
+                np.lib.format.write_array(entry, np.asanyarray(array), allow_pickle=False)
     console.note(f"wrote {path}")
 
 

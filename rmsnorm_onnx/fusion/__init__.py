@@ -17,6 +17,8 @@ from pathlib import Path
 
 import onnx
 import onnx_ir as ir
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from onnx import defs
 
 from .. import onnx_io, op_functions, op_schema
@@ -76,6 +78,27 @@ def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
         return proto
 
 
+def _refuse_non_utf8(message: Message, where: str, path: str = "model") -> None:
+    """An InvalidModelError naming a text field that is not UTF-8, if there is one: protobuf
+    hands such fields over as bytes, which onnx-ir cannot read or write (onnxruntime never looks
+    at most of them)."""
+    for field, value in message.ListFields():
+        repeated = (
+            field.is_repeated  # protobuf >= 5.29; older ones only have the label
+            if hasattr(field, "is_repeated")
+            else field.label == FieldDescriptor.LABEL_REPEATED
+        )
+        items = list(value) if repeated else [value]
+        for i, item in enumerate(items):
+            at = f"{path}.{field.name}" + (f"[{i}]" if repeated else "")
+            if field.type == FieldDescriptor.TYPE_STRING and isinstance(item, bytes):
+                raise InvalidModelError(f"{where}: {at} is not UTF-8 text ({item[:40]!r})")
+            if field.type == FieldDescriptor.TYPE_MESSAGE and not isinstance(
+                item, onnx.TensorProto
+            ):
+                _refuse_non_utf8(item, where, at)
+
+
 def fuse(
     model_or_path: onnx.ModelProto | str | os.PathLike[str],
     target: str | Target | None = None,
@@ -106,7 +129,11 @@ def fuse(
     if problems:  # our own nodes, malformed: converting them would drop or keep the stray
         raise InvalidModelError(f"{where}: {problems[0]}")
     proto, inlined = functions.inline_norm_functions(proto)  # each call site its own chain
-    model = ir.serde.deserialize_model(_infer_shapes(proto))
+    try:
+        model = ir.serde.deserialize_model(_infer_shapes(proto))
+    except Exception:
+        _refuse_non_utf8(proto, where)
+        raise
     opset.one_default_import(model)  # "ai.onnx" is the default domain too: one name from here
     op_functions.remove(model)  # our ops' bodies: never raised; written afresh below if wanted
     if base_dir is not None:
@@ -119,7 +146,11 @@ def fuse(
 
     lower(model, tgt, report)  # every canonical node, raised here or already in the file
     preserve.restore(model, declared)
-    fused = ir.serde.serialize_model(model)
+    try:
+        fused = ir.serde.serialize_model(model)
+    except Exception:
+        _refuse_non_utf8(proto, where)
+        raise
     fused.ir_version = preserve.ir_version(proto.ir_version, fused)
     if function_bodies:
         report.notes += op_functions.attach(fused).notes

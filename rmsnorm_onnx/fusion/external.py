@@ -49,14 +49,6 @@ def check_files(model: onnx.ModelProto, base_dir: Path, source: Path) -> None:
     onnx_io.check_external_data(model, base_dir, source)
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    """Whether a and b name one file: the same path after symlinks, or one inode (hard links)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one does not exist (yet)
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
 def _data_names(dst: Path, count: int) -> list[Path]:
     return [dst.parent / f"{dst.name}.data{i or ''}" for i in range(count)]
 
@@ -67,19 +59,19 @@ def check_output(
     """Refuse an OUT that would overwrite IN or any file IN depends on: OUT itself, and the
     ``OUT.data*`` files its weights would be placed in (symlinks and hard links included)."""
     files = external_files(model, split, where=src)
-    if _same_file(dst, src) and not in_place:
+    if onnx_io.same_file(dst, src) and not in_place:
         raise UsageError(f"{dst}: is the input file; refusing to overwrite it without --in-place")
     beside = dst.parent.resolve() == src.parent.resolve()
     targets = [dst] + ([] if beside or not files else _data_names(dst, len(files)))
     for target in targets:
         for location in files:
-            if _same_file(target, src.parent / location):
+            if onnx_io.same_file(target, src.parent / location):
                 what = "OUT" if target == dst else f"OUT's weights file {target}"
                 raise UsageError(
                     f"{dst}: {what} is {src}'s external data file '{location}'; refusing to "
                     "overwrite it (choose another OUT)"
                 )
-        if target != dst and _same_file(target, src):
+        if target != dst and onnx_io.same_file(target, src):
             raise UsageError(
                 f"{dst}: OUT's weights file {target} is the input file {src}; choose another OUT"
             )
@@ -138,29 +130,29 @@ def write(
     if files and src_dir is None:
         raise InvalidModelError("model refers to external data but its folder is unknown")
     beside = bool(files) and dst.parent.resolve() == src_dir.resolve()
+    renamed = (
+        {} if beside else {loc: f"{dst.name}.data{i or ''}" for i, loc in enumerate(sorted(files))}
+    )
+    for new_location in renamed.values():  # a folder or a FIFO there: refused before any copy
+        onnx_io.output_target(dst.parent / new_location)
+    onnx_io.remove_stale_temps(dst.parent)
     staged: list[tuple[Path, Path]] = []
     placed: dict[Path, str] = {}
     try:
-        if not beside:
-            renamed = {
-                location: f"{dst.name}.data{i or ''}" for i, location in enumerate(sorted(files))
-            }
-            onnx_io.remove_stale_temps(dst.parent)
-            for location, new_location in renamed.items():
-                final = dst.parent / new_location
-                tmp = onnx_io.temp_path(final)
-                staged.append((tmp, final))
-                placed[final] = _place(src_dir / location, tmp, weights)
-            _relocate(model, renamed, split)
-        with onnx_io.atomic_path(dst) as tmp_model:
-            # as fuse() returns it: the input's version, unless onnxruntime cannot read that
-            model.ir_version = preserve.ir_version(model.ir_version, model)
-            if split is not None and split.ranges:
-                inline_weights.save(model, split, tmp_model)
-            else:
-                onnx.save_model(model, tmp_model)
-            for tmp, final in staged:
-                os.replace(tmp, final)
+        for location, new_location in renamed.items():
+            final = dst.parent / new_location
+            tmp = onnx_io.temp_path(final)
+            staged.append((tmp, final))
+            placed[final] = _place(src_dir / location, tmp, weights)
+        _relocate(model, renamed, split)
+        staged.append((onnx_io.new_temp_beside(dst), dst))
+        # as fuse() returns it: the input's version, unless onnxruntime cannot read that
+        model.ir_version = preserve.ir_version(model.ir_version, model)
+        if split is not None and split.ranges:
+            inline_weights.save(model, split, staged[-1][0])
+        else:
+            onnx.save_model(model, staged[-1][0])
+        onnx_io.commit(staged)  # the data files, then the model that names them
     finally:
         for tmp, _ in staged:
             with contextlib.suppress(FileNotFoundError):
