@@ -430,6 +430,10 @@ const typename E::T* Source(const RowArgs& a, int64_t row, typename E::T* buffer
   int64_t head;
   if (kStream && StreamHead<E>(sum, n, &head)) {  // S bypasses the cache: read the buffer back
     *ss = AddSumSquares<E, true, kStream, kStream>(x, skip, buffer, sum, n);
+    // S off a line boundary: that loop's sums started at S's line, not at the row's start. The
+    // sum again from the buffer (in cache), in the order every other row sums in, keeps Y's bits
+    // independent of where the caller put S
+    if (reinterpret_cast<uintptr_t>(sum) % 64 != 0) *ss = SumSquares<E>(buffer, n);
     return buffer;
   }
   // S stays in cache: read it back from there (measured faster than also writing the buffer:

@@ -124,6 +124,7 @@ def fuse(
     proto, base_dir = _read(model_or_path)
     _check_opset(proto)
     where = str(model_or_path) if base_dir is not None else "model"
+    proto, sorted_notes = wellformed.in_order(proto, copy=base_dir is None)  # the caller's: kept
     wellformed.check(proto, where)
     problems = op_schema.attribute_problems(proto)
     if problems:  # our own nodes, malformed: converting them would drop or keep the stray
@@ -141,7 +142,7 @@ def fuse(
     # only what IN declared is written back: inferred shapes stay internal (value names can
     # repeat across subgraphs)
     declared = preserve.snapshot(proto, model)
-    report = FuseReport(target=tgt.name, notes=inlined)
+    report = FuseReport(target=tgt.name, notes=sorted_notes + inlined)
     raising.canonicalize(model, report, proto)
 
     lower(model, tgt, report)  # every canonical node, raised here or already in the file

@@ -2,11 +2,14 @@
 
 ONNX requires nodes in topological order, each input defined before it is read (by an input,
 an initializer, an earlier node, or an enclosing graph). One linear pass checks that, so that
-fusion never rewrites, or reports on, a graph that is not one.
+fusion never rewrites, or reports on, a graph that is not one. Nodes that are merely out of
+order (onnxruntime's float16 converter appends its input Casts at the end; onnxruntime sorts on
+load) are put in order first (:func:`in_order`).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 
 import onnx
@@ -65,3 +68,87 @@ def check(model: onnx.ModelProto, source: str = "model") -> None:
     for f in model.functions:
         where = f"function {f.domain}::{f.name}"
         _check_nodes(f.node, set(f.input), where, source, set(f.input))
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """What a node reads: its inputs and what its subgraphs take from enclosing graphs."""
+    names = {n for n in node.input if n}
+    for sub in _subgraphs(node):
+        inner = {i.name for i in sub.input} | {t.name for t in sub.initializer}
+        inner |= {o for n in sub.node for o in n.output}
+        names |= {n for n2 in sub.node for n in _reads(n2)} - inner
+    return names
+
+
+def _ordered(nodes: list[onnx.NodeProto], defined: set[str]) -> list[onnx.NodeProto] | None:
+    """``nodes`` in topological order, ties in their given order; None where that is not
+    possible (a cycle, a value nothing defines: :func:`check` says which) or already the case."""
+    producer = {o: i for i, node in enumerate(nodes) for o in node.output if o}
+    waits: list[set[int]] = []
+    for node in nodes:
+        names = _reads(node) - defined
+        if not names <= producer.keys():
+            return None
+        waits.append({producer[n] for n in names})
+    if all(all(d < i for d in deps) for i, deps in enumerate(waits)):
+        return None  # in order already
+    readers: dict[int, list[int]] = {}
+    for i, deps in enumerate(waits):
+        for d in deps:
+            readers.setdefault(d, []).append(i)
+    pending = [len(deps) for deps in waits]
+    ready = [i for i, n in enumerate(pending) if n == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for r in readers.get(i, []):
+            pending[r] -= 1
+            if pending[r] == 0:
+                heapq.heappush(ready, r)
+    return [nodes[i] for i in order] if len(order) == len(nodes) else None
+
+
+def _reorder(container: onnx.GraphProto | onnx.FunctionProto, order: list[onnx.NodeProto]) -> None:
+    nodes = [onnx.NodeProto.FromString(n.SerializeToString()) for n in order]
+    del container.node[:]
+    container.node.extend(nodes)
+
+
+def _sort_graph(graph: onnx.GraphProto, outer: set[str], name: str, apply: bool) -> list[str]:
+    """Where the nodes of ``graph`` and its subgraphs are out of order (sorted when ``apply``)."""
+    defined = outer | {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    notes = []
+    order = _ordered(list(graph.node), defined)
+    if order is not None:
+        notes.append(f"put the nodes of {name} in topological order (as onnxruntime does on load)")
+        if apply:
+            _reorder(graph, order)
+    defined |= {o for n in graph.node for o in n.output}
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            notes += _sort_graph(sub, defined, f"subgraph '{sub.name}'", apply)
+    return notes
+
+
+def _sort(model: onnx.ModelProto, apply: bool) -> list[str]:
+    notes = _sort_graph(model.graph, set(), "the main graph", apply)
+    for f in model.functions:
+        order = _ordered(list(f.node), set(f.input))
+        if order is not None:
+            notes.append(f"put the nodes of function {f.domain}::{f.name} in topological order")
+            if apply:
+                _reorder(f, order)
+    return notes
+
+
+def in_order(model: onnx.ModelProto, *, copy: bool) -> tuple[onnx.ModelProto, list[str]]:
+    """``model`` with the nodes of every graph and function in topological order where they
+    were not but can be (in a copy when ``copy``); notes saying where."""
+    if not _sort(model, apply=False):
+        return model, []
+    if copy:
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+    return model, _sort(model, apply=True)
