@@ -45,7 +45,7 @@ class Spelling:
 
 
 MEANS = ("mean-pow", "mean-mul", "sum-div", "sum-mul", "sumsquare", "l2-squared", "gap",
-         "times-one", "lp-normalization")  # fmt: skip
+         "times-one", "scale-op", "lp-normalization")  # fmt: skip
 
 
 class Builder:
@@ -127,6 +127,10 @@ class Builder:
         if m == "times-one":  # paddle2onnx: Mul(mean, 1.0)
             mean = self.reduce("ReduceMean", self.square(x))
             return self.op("Mul", mean, self.const(1.0), commutative=True)
+        if m == "scale-op":  # paddle2onnx's scale op on a sum: Add(Mul(sum, 1/N), 0.0)
+            total = self.reduce("ReduceSum", self.square(x))
+            mean = self.op("Mul", total, self.const(1.0 / N), commutative=True)
+            return self.op("Add", mean, self.const(0.0), commutative=True)
         raise ValueError(m)
 
     def epsilon(self, x: str) -> str:
@@ -277,6 +281,7 @@ NAMED = {
     "tf2onnx-opset17-gap": Spelling(mean="gap", scale="folded"),
     "jax2onnx": Spelling(eps="castlike", inverse="div"),
     "paddle2onnx": Spelling(mean="times-one", noise=("identity-mean", "identity-root")),
+    "paddle2onnx-scale-op": Spelling(mean="scale-op"),
     "sumsquare": Spelling(mean="sumsquare"),
     "l2-outside": Spelling(mean="l2-squared", outside=True),
     "olive-l2norm": Spelling(mean="lp-normalization"),
@@ -487,3 +492,24 @@ def test_a_sum_divided_by_an_integer_count_cast_to_float_fuses(cast: str) -> Non
     x = _feed()
     np.testing.assert_allclose(run(fused, {"x": x})[0], rms_norm(x, None, epsilon=EPS),
                                rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("order", ["norm-times-scale", "scale-inside"])
+def test_gemma_one_plus_w_of_shape_1_1_h_folds(order: str) -> None:
+    """jax2onnx writes Gemma's reference norm as normed · (1 + w[1, 1, H]): folded and squeezed
+    into the op's scale, nothing left outside (once the Add and the Mul stayed)."""
+    b = Builder(Spelling())
+    w = (0.1 * np.random.default_rng(0).standard_normal((1, 1, N))).astype(np.float32)
+    one_plus = b.op("Add", b.const(1.0), b.const(w))
+    if order == "norm-times-scale":
+        y = b.op("Mul", b.norm("x", None), one_plus)
+    else:  # the recogniser reads it as the chain's scale factor
+        ms = b.reduce("ReduceMean", b.square("x"))
+        inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, b.const(EPS))))
+        y = b.op("Mul", b.op("Mul", "x", inv), one_plus)
+    fused, report = fuse(b.model(y))
+    assert report.fused_count == 1, report.summary(verbose=True)
+    assert [n.op_type for n in fused.graph.node if n.op_type != "Constant"] == ["RMSNorm"]
+    x = _feed()
+    want = rms_norm(x, (1 + w).reshape(N), epsilon=EPS)
+    np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-5, atol=1e-5)

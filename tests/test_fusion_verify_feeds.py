@@ -123,3 +123,25 @@ def test_the_head_size_of_a_genai_decoder_comes_from_its_config(
     decoder = {"filename": "model.onnx", "head_size": HEAD, "num_key_value_heads": HEADS}
     (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"decoder": decoder}}))
     assert fuse_file(src, tmp_path / "fused.onnx", verify=True).verified
+
+
+def test_verify_where_dims_of_other_names_must_agree(tmp_path: Path, fused_library: str) -> None:
+    """tf2onnx names the dims of each input apart (keras-hub: token_ids [unk__0, unk__1],
+    padding_mask [unk__2, unk__3]) where the graph needs them equal: distinct sizes cannot run
+    the original, so verify feeds every such dim one size instead of failing."""
+    w = numpy_helper.from_array(np.linspace(0.5, 1.5, HIDDEN).astype(np.float32), "w")
+    inputs = [
+        helper.make_tensor_value_info("a", TensorProto.FLOAT, ["unk__0", "unk__1", HIDDEN]),
+        helper.make_tensor_value_info("b", TensorProto.FLOAT, ["unk__2", "unk__3", HIDDEN]),
+    ]
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["h"]),
+        helper.make_node("RMSNormalization", ["h", "w"], ["y"], axis=-1, epsilon=1e-6),
+    ]
+    out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    graph = helper.make_graph(nodes, "g", inputs, out, [w])
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx_io.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]), src)
+    report = fuse_file(src, dst, verify=True)
+    assert report.verified, report.summary(verbose=True)
+    assert [n.op_type for n in onnx.load(dst).graph.node] == ["SkipRMSNorm"]

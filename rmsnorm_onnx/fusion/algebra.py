@@ -376,6 +376,11 @@ class Reader:
                 return r
         if a.constant and b.constant:
             return Product(coef=a.coef + b.coef, const_ndim=max(a.const_ndim, b.const_ndim))
+        for term, zero in ((a, b), (b, a)):  # paddle2onnx's scale op: Add(Mul(sum, 1/N), 0.0)
+            if zero.constant and zero.coef == 0 and term.statistic():
+                out = term.copy()
+                out.const_ndim = max(term.const_ndim, zero.const_ndim)
+                return out
         for stat, eps, eps_value in ((a, b, node.inputs[1]), (b, a, node.inputs[0])):
             shifted = _shift(stat, eps, eps_value, node)
             if shifted is not None:

@@ -18,7 +18,7 @@ from onnxscript.rewriter import pattern
 
 from .. import op_schema
 from .canonical import PATTERN_TAG, SOURCE_TAG
-from .values import FLOAT_TYPES, fits_normalized, one_plus_constant, squeezed
+from .values import FLOAT_TYPES, fits_normalized, leading_ones, one_plus_constant, squeezed
 
 
 def emit(
@@ -174,13 +174,15 @@ class AbsorbScale(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, w, normed, **_):
         f = Fused.of(normed)
-        w = _squeezed(op, w, _normalized_axes(f.node))
+        n_axes = _normalized_axes(f.node)
         folded = one_plus_constant(w)
         if folded is not None:
+            folded = folded.reshape(folded.shape[leading_ones(w, n_axes) :])
             tensor = ir.tensor(folded, name=f"{w.name}_folded")
             w = op.Constant(value=tensor)
             w.dtype, w.shape = tensor.dtype, ir.Shape(tensor.shape)
             return emit(op, [f.inputs[0], w], f.attrs, f.label + " +scale(1+w folded)", f.source)
+        w = _squeezed(op, w, n_axes)
         return emit(op, [f.inputs[0], w], f.attrs, f.label + " +scale", f.source)
 
 

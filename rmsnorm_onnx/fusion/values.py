@@ -73,9 +73,9 @@ def fits_normalized(
     """None if ``param`` broadcasts into the last ``n_axes`` dims of ``x`` only, else why not.
 
     The product must keep x's shape: every dim of param is 1 or provably equal to x's dim.
-    ``n_axes=None`` means "all of x's axes" (rank may be unknown). ``squeeze``: a constant may
-    have more dims, all 1, up to x's rank (Keras writes a scale [1, 1, H]); the caller then
-    uses ``squeezed(param, n_axes)``.
+    ``n_axes=None`` means "all of x's axes" (rank may be unknown). ``squeeze``: a constant (or
+    Gemma's 1 + constant) may have more dims, all 1, up to x's rank (Keras writes a scale
+    [1, 1, H], jax2onnx Gemma's 1 + w so); the caller then drops them (``squeezed``).
     """
     if param.shape is None:
         return f"the shape of '{param.name}' is unknown"
@@ -93,7 +93,7 @@ def fits_normalized(
         and x_dims is not None
         and len(p_dims) <= len(x_dims)
         and leading_ones(param, limit) > 0
-        and constant_tensor(param) is not None
+        and (constant_tensor(param) is not None or one_plus_constant(param) is not None)
     )
     if limit is not None and len(p_dims) > limit and not squeezable:
         return (
