@@ -513,3 +513,39 @@ def test_gemma_one_plus_w_of_shape_1_1_h_folds(order: str) -> None:
     x = _feed()
     want = rms_norm(x, (1 + w).reshape(N), epsilon=EPS)
     np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_twin_casts_of_the_input_are_one_x() -> None:
+    """onnxconverter-common's float16 converter (keep_io_types) gives every reader of a float32
+    input its own Cast: the mean reads one, the product the other. Both are x."""
+    b = Builder(Spelling())
+    xa = b.op("Cast", "x", to=TensorProto.FLOAT16)
+    xb = b.op("Cast", "x", to=TensorProto.FLOAT16)
+    half = {name: b.name(name) for name in ("two", "eps")}
+    for key, value in (("two", 2.0), ("eps", EPS)):
+        b.inits.append(numpy_helper.from_array(np.asarray(value, np.float16), half[key]))
+    ms = b.reduce("ReduceMean", b.op("Pow", xa, half["two"]))
+    inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, half["eps"])))
+    model = b.model(b.op("Cast", b.op("Mul", xb, inv), to=TensorProto.FLOAT))
+    fused, report = fuse(model)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    assert [n.op_type for n in fused.graph.node] == ["Cast", "RMSNorm", "Cast", "Identity"]
+    x = _feed()
+    want = rms_norm(x.astype(np.float16), None, epsilon=EPS).astype(np.float32)
+    np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-3, atol=1e-3)
+
+
+def test_an_exponent_cast_from_a_half_constant_reads_as_its_value() -> None:
+    """onnxruntime's float16 converter with the norm's ops kept in float32 (op_block_list)
+    feeds Pow a Cast of a float16 Constant: the exponent is that constant's value (once the
+    norm was no candidate at all, and not reported)."""
+    b = Builder(Spelling())
+    two = b.op("Cast", b.const(2.0, as_node=True), to=TensorProto.FLOAT16)
+    two = b.op("Cast", two, to=TensorProto.FLOAT)
+    ms = b.reduce("ReduceMean", b.op("Pow", "x", two))
+    inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, b.const(EPS))))
+    fused, report = fuse(b.model(b.op("Mul", "x", inv)))
+    assert report.fused_count == 1, report.summary(verbose=True)
+    x = _feed()
+    np.testing.assert_allclose(run(fused, {"x": x})[0], rms_norm(x, None, epsilon=EPS),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip

@@ -309,3 +309,22 @@ def test_dims_rules(case: str, y_axis: int, x_axis: int, equal: bool) -> None:
         nodes = [helper.make_node("Concat", ["x2", "x"], ["y"], axis=-1)]
     found = _probe(nodes, inits, extra)
     assert Dims().equal(found["y"], y_axis, found["x"], x_axis) is equal
+
+
+def test_a_scale_is_proved_to_fit_a_dim_only_the_graph_tells() -> None:
+    """keras-hub files after MatMulNBitsQuantizer: the norm's input is Add(h, MatMulNBits(...))
+    reshaped, its shape [?, ?, ?] to onnx (and to ORT's inference, which stops short). N = 64
+    says its last dim; a scale [64] fits it, a scale [32] does not."""
+    from rmsnorm_onnx.fusion.values import fits_normalized
+
+    a = _value(["m", H], "a")
+    mm = ir.node("MatMulNBits", [a, _value([H, 1, 32], "w")], domain="com.microsoft",
+                 attributes={"N": H, "K": H}).outputs[0]  # fmt: skip
+    mm.shape = ir.Shape([None, None])
+    x = ir.node("Add", [_value([None, None], "h"), mm]).outputs[0]
+    x.shape = ir.Shape([None, None])
+    assert fits_normalized(_value([H], "scale"), x, 1, squeeze=True) is None
+    assert "cannot prove" in fits_normalized(_value([32], "small"), x, 1, squeeze=True)
+    unknown = ir.node("Relu", [_value([None, None], "u")]).outputs[0]
+    unknown.shape = ir.Shape([None, None])
+    assert "cannot prove" in fits_normalized(_value([H], "scale"), unknown, 1, squeeze=True)

@@ -24,7 +24,7 @@ from fractions import Fraction
 import numpy as np
 import onnx_ir as ir
 
-from .values import constant_array, rank, scalar
+from .values import constant_array, rank
 
 # the opset at which each reduction's axes moved from an attribute to an input
 AXES_INPUT_SINCE = {"ReduceSum": 13}
@@ -143,31 +143,48 @@ class Miss:
 
 
 def root(value: ir.Value) -> ir.Value:
-    """The value under Identity and exact (widening or same-type) float Casts."""
-    seen = 0
-    while seen < _MAX_DEPTH:
-        node = value.producer()
-        if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
-            return value
-        inner = node.inputs[0]
-        if inner is None:
-            return value
-        if node.op_type == "Identity" or (
-            node.op_type in ("Cast", "CastLike") and exact(inner, value)
-        ):
-            value, seen = inner, seen + 1
-            continue
-        return value
+    """The value under Identity and exact (widening or same-type) float Casts; for a narrowing
+    Cast, the first of its twins (onnxconverter-common's float16 converter gives every reader of
+    a float32 input a Cast of its own: the mean and the x of one norm then read two)."""
+    value = chain(value)[-1]
+    node = value.producer()
+    if node is not None and node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+        return _first_twin(node, node.inputs[0]) if node.inputs and node.inputs[0] else value
     return value
 
 
 def chain(value: ir.Value) -> list[ir.Value]:
-    """``value`` and each value under it down to :func:`root`, outermost first."""
+    """``value`` and each value under it through Identity and exact Casts, outermost first."""
     out = [value]
-    while out[-1] is not root(out[-1]):
+    while len(out) <= _MAX_DEPTH:
         node = out[-1].producer()
-        out.append(node.inputs[0])
+        if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
+            break
+        inner = node.inputs[0]
+        if inner is None:
+            break
+        if node.op_type == "Identity" or (
+            node.op_type in ("Cast", "CastLike") and exact(inner, out[-1])
+        ):
+            out.append(inner)
+            continue
+        break
     return out
+
+
+def _first_twin(cast: ir.Node, source: ir.Value) -> ir.Value:
+    """The output of the first Cast of ``source`` in ``cast``'s graph with its attributes."""
+    attrs = {k: a.value for k, a in cast.attributes.items()}
+    for user in source.consumers():
+        if (
+            user.op_type == "Cast"
+            and user.domain == cast.domain
+            and user.graph is cast.graph
+            and user.inputs[0] is source
+            and {k: a.value for k, a in user.attributes.items()} == attrs
+        ):
+            return user.outputs[0]
+    return cast.outputs[0]
 
 
 def exact(src: ir.Value, dst: ir.Value) -> bool:
@@ -345,22 +362,23 @@ class Reader:
         base = self.read(node.inputs[0], depth)
         if isinstance(base, Miss):
             return base
-        e = scalar(node.inputs[1]) if len(node.inputs) > 1 else None
-        if e is None or not math.isfinite(e):
+        power = node.inputs[1] if len(node.inputs) > 1 else None
+        read = self.expand(power, depth) if power is not None else None  # Cast(Constant) too
+        if not isinstance(read, Product) or not read.constant or not math.isfinite(read.coef):
             if base.statistic():
                 return Miss("the exponent of Pow of the mean is not a constant scalar", node)
             return Product.leaf(value)
-        array = np.asarray(constant_array(node.inputs[1], max_size=1))
+        e = read.coef
         exponent = Fraction(e).limit_denominator(64)
         # a simple fraction as the exponent's type holds it (-1/2, 2, 1/3 rounded); 1.9999999 is
         # no 2: it takes a negative base to NaN where a square does not
-        if np.asarray(float(exponent)).astype(array.dtype) != array.reshape(()):
+        kind = power.dtype.numpy() if power.dtype is not None else np.float64
+        if np.asarray(float(exponent)).astype(kind) != np.asarray(e).astype(kind):
             return Product.leaf(value)
         if not _has_root(base, exponent):
             return Product.leaf(value)
         out = base.power(exponent)
-        ndim = array.ndim
-        out.const_ndim = max(out.const_ndim, ndim)
+        out.const_ndim = max(out.const_ndim, read.const_ndim)
         if exponent < 0 and base.statistic():
             out.spelling.setdefault("root", "pow-half")
         return out

@@ -153,7 +153,13 @@ class Dims:
         rank = len(value.shape)
         if (node.domain, op) in _LEADING_FROM_A:  # ORT's quantized MatMuls: A [..., K] -> [..., N]
             a = node.inputs[0]
-            if axis == rank - 1 or _rank(a) != rank:
+            if axis == rank - 1:  # MatMulNBits says N; the others' B is [K, N]
+                n = node.attributes.get_int("N", 0) if op == "MatMulNBits" else 0
+                if n > 0:
+                    return [Tokens({n})]
+                b = node.inputs[1] if op != "MatMulNBits" and len(node.inputs) > 1 else None
+                return [self._at(b, -1, depth)] if _rank(b) == 2 else []
+            if _rank(a) != rank:
                 return []
             return [self._at(a, axis, depth)]
         if (node.domain, op) == (DOMAIN, SKIP_OP_TYPE):  # Y, S: X and skip broadcast

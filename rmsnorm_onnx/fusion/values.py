@@ -100,11 +100,17 @@ def fits_normalized(
             f"'{param.name}' of shape {_shape_text(p_dims)} broadcasts over axes outside the "
             f"{limit} normalized one(s)"
         )
+    proof = None
     for j in range(1, len(p_dims) + 1):
         pd = p_dims[-j]
         if pd == 1:
             continue
         xd = x_dims[-j] if x_dims is not None and j <= len(x_dims) else None
+        if isinstance(pd, int) and not isinstance(xd, int) and j <= len(x_dims or []):
+            from .dims import Dims  # (dims reads values: imported here, not above)
+
+            proof = proof or Dims()  # the number from how the graph computes the dim
+            xd = next((t for t in proof.tokens(x, -j) if isinstance(t, int)), xd)
         if xd is None or not _same_dim(pd, xd):
             return (
                 f"cannot prove '{param.name}' of shape {_shape_text(p_dims)} matches the "
