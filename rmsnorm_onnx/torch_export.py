@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import onnx
+import onnxscript.optimizer
 import torch
 from torch import nn
 from torch.utils import _pytree
@@ -169,7 +170,7 @@ def _trace(
                 dynamic_shapes=dynamic_shapes,
                 input_names=input_names,
                 output_names=output_names,
-                optimize=True,
+                optimize=False,  # below, without torch's opset-23 fusions
                 verbose=False,
             )
     except Exception as e:
@@ -182,6 +183,11 @@ def _trace(
             m.training = training
     if program is None:  # pragma: no cover - the dynamo exporter always returns a program
         raise RMSNormOnnxError("torch.onnx.export returned no program")
+    # What optimize=True does (constant folding, redundancy removal) but onnxscript's opset-23
+    # fusions: its RotaryEmbedding takes Hugging Face's rope with cos/sin caches of batch 1, which
+    # onnxruntime refuses at any other batch, and its RMSNormalization would turn the decomposed
+    # form into the standard one.
+    onnxscript.optimizer.optimize_ir(program.model)
     return program.model_proto
 
 
@@ -213,11 +219,14 @@ def _post_process(
 
 
 def _fuse_residual_adds(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """The fusion pass's model where it changed something (fewer nodes), else ``proto``."""
+    """The fusion pass's model where it changed something (fewer nodes, or more of ours: an
+    unpatched torch.nn.RMSNorm that torch wrote as RMSNormalization), else ``proto``."""
     from .fusion import fuse
+    from .op_functions import our_nodes
 
     fused, _ = fuse(proto, target="custom", function_bodies=False)  # bodies come after
-    return fused if _node_count(fused) < _node_count(proto) else proto
+    changed = _node_count(fused) < _node_count(proto)
+    return fused if changed or len(our_nodes(fused)) > len(our_nodes(proto)) else proto
 
 
 def _node_count(proto: onnx.ModelProto) -> int:
@@ -325,7 +334,8 @@ def _warn_unpatched(model: nn.Module, mode: str) -> None:
         fate = " (fused only where the fusion step recognizes them)" if mode == "fused" else ""
         warnings.warn(
             f"rmsnorm={mode!r}: {len(foreign)} RMSNorm layers are not rmsnorm_onnx.RMSNorm "
-            f"({listed}) and export as plain ops{fate}; call rmsnorm_onnx.patch(model) first",
+            f"({listed}) and export as torch writes them (plain ops; torch.nn.RMSNorm at opset "
+            f"23 and above as RMSNormalization){fate}; call rmsnorm_onnx.patch(model) first",
             stacklevel=3,
         )
 

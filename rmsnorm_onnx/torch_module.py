@@ -25,7 +25,7 @@ from . import op_schema
 from .errors import UsageError
 from .reference import skip_sum_shape
 
-__all__ = ["EXPORT_MODES", "RMSNorm", "ResidualError"]
+__all__ = ["EXPORT_MODES", "InputShapeError", "RMSNorm", "ResidualError"]
 
 EXPORT_MODES = ("decomposed", "fused", "standard")
 
@@ -41,6 +41,11 @@ _OP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 class ResidualError(UsageError, ValueError):
     """A residual the layer cannot add (another dtype, a shape that does not fit); a ValueError,
     and one that :func:`rmsnorm_onnx.export` reports as itself rather than as torch's."""
+
+
+class InputShapeError(UsageError, ValueError):
+    """An input whose trailing dims are not the layer's normalized shape (reported as
+    :class:`ResidualError` is)."""
 
 
 class RMSNorm(nn.Module):
@@ -224,7 +229,7 @@ class RMSNorm(nn.Module):
         """
         k = len(self.normalized_shape)
         if x.dim() < k or tuple(x.shape[-k:]) != self.normalized_shape:
-            raise ValueError(
+            raise InputShapeError(
                 f"RMSNorm{self.normalized_shape} got an input of shape {tuple(x.shape)}: its "
                 f"trailing dims must be {self.normalized_shape}"
             )

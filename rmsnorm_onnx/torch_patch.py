@@ -13,6 +13,8 @@ objects, so training and ``state_dict`` keys are unchanged.
 Outputs are bitwise identical for the LLaMA family (Llama, Mistral, Qwen2/3, Phi3, T5 with the
 weight in the input's type), the Gemma family and ``torch.nn.RMSNorm``; a layer whose arithmetic
 differs in rounding only is swapped within the dtype's tolerance, and the report says which.
+The probe input has the weight's type: fed another (half activations into a float32 layer), a
+LLaMA-family layer returns its weight's type and ours the input's (the op contract's).
 """
 
 from __future__ import annotations
@@ -150,6 +152,9 @@ def _convert(m: nn.Module) -> tuple[RMSNorm | None, str, bool | str]:
         affine = weight is not None
         if weight is not None:
             shape = tuple(weight.shape)
+            if len(shape) > 1 and 1 in shape:  # (D, 1): a norm over dim -2 of [B, D, T]
+                why = f"its weight {list(shape)} broadcasts: the normalized dims are not its shape"
+                return None, "", why
         else:
             sizes = [getattr(m, a) for a in _SIZE_ATTRS if isinstance(getattr(m, a, None), int)]
             if not sizes:

@@ -170,3 +170,31 @@ def test_opset_range_is_the_exporters() -> None:
         for bad in (lowest - 1, defs.onnx_opset_version() + 1):
             with pytest.raises(UsageError, match=f"--opset {bad}"):
                 _check_opset(bad, mode)
+
+
+def test_a_factory_with_bad_examples_gets_one_usage_line(tmp_path: Path) -> None:
+    """Examples that are no inputs, and inputs the model's RMSNorm cannot take: the layer's own
+    message, not torch's exporter boilerplate or a TypeError."""
+    (tmp_path / "factories.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from rmsnorm_onnx import RMSNorm
+
+            def number():
+                return torch.nn.Sequential(RMSNorm(8)), 5
+
+            def too_narrow():
+                return torch.nn.Sequential(RMSNorm(8)), (torch.ones(1, 2, 4),)
+            """
+        )
+    )
+    for factory, message in (
+        ("number", "example_inputs must be a tensor or a tuple of inputs, got int"),
+        ("too_narrow", "RMSNorm(8,) got an input of shape"),
+    ):
+        result = run_cli("export", "--model", f"factories:{factory}", "-o", "x.onnx", cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        lines = error_lines(result.stderr)
+        assert len(lines) == 1 and message in lines[0] and "\x1b" not in lines[0], result.stderr
+    assert not list(tmp_path.glob("*.onnx"))

@@ -325,6 +325,21 @@ def test_foreign_rmsnorm_layers_are_reported_before_export() -> None:
     assert op_histogram(onnx_model)[FUSED] == 1
 
 
+def test_foreign_rmsnorm_at_opset_23_is_fused_too() -> None:
+    """At opset 23 torch writes its own norm as RMSNormalization: one op for another, no fewer
+    nodes, and the export's fusion step once kept the file without ours."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.RMSNorm(8, eps=1e-5)).eval()
+    x = torch.randn(2, 3, 8)
+    with pytest.warns(UserWarning, match="rmsnorm_onnx.patch"):
+        onnx_model = export(model, x, rmsnorm="fused", opset=23)
+    assert op_histogram(onnx_model)[FUSED] == 1
+    assert "RMSNormalization" not in op_histogram(onnx_model)
+    sess = runtime.session(onnx_model.SerializeToString())
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_plain_torch_onnx_export_traces_the_decomposed_chain() -> None:
     layer = RMSNorm(8).eval()
     with warnings.catch_warnings():

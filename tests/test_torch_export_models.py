@@ -197,3 +197,26 @@ def test_fused_export_runs_like_the_torch_model(fused_library, exported) -> None
     # a whole network within the op's tolerance (measured: fp32 <= 5e-7, fp16 2.4e-4)
     rtol, atol = tolerance({"fp32": "float32", "fp16": "float16"}[dtype_name])
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("mode", ["standard", "decomposed"])
+def test_opset_23_export_runs_at_another_batch(mode: str) -> None:
+    """At opset 23 torch's optimizer once wrote Hugging Face's rope as RotaryEmbedding with cos
+    and sin caches of batch 1 (onnxruntime refused batch 3), and the decomposed norms as
+    RMSNormalization. Exported without those fusions: the norms in the form asked for, and the
+    file runs like the torch model at other sizes."""
+    model = build("llama", torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ids = example("llama", 2, 6, torch.float32)
+        proto = export(model, (ids,), kwargs=forward_kwargs("llama"), rmsnorm=mode, opset=23)
+    ops = Counter(n.op_type for n in proto.graph.node)
+    assert "RotaryEmbedding" not in ops
+    assert bool(ops["RMSNormalization"]) == (mode == "standard"), ops
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    inputs = example("llama", 3, 11, torch.float32)
+    (got,) = sess.run(None, {sess.get_inputs()[0].name: inputs.numpy()})
+    rtol, atol = tolerance("float32")
+    np.testing.assert_allclose(got, run_torch(model, "llama", inputs), rtol=rtol, atol=atol)

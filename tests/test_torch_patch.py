@@ -191,3 +191,27 @@ def test_lookalikes_are_skipped_with_a_reason() -> None:
     assert "forward(x) failed" in reasons["gated"]
     assert isinstance(model["ln"], LayerNormInDisguiseRMSNorm)
     assert "skipped 2" in str(report)
+
+
+class ChannelsFirstRMSNorm(nn.Module):
+    """A norm over the channels of [B, C, T] (dim -2), its weight [C, 1] broadcasting over T."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(channels, 1))
+        self.eps = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-2, keepdim=True) + self.eps) * self.weight
+
+
+def test_a_norm_whose_weight_broadcasts_is_left_alone() -> None:
+    """The probe [2, 3, C, 1] cannot tell dim -2 from the trailing [C, 1]; swapped, the layer
+    refused every real input [B, C, T]."""
+    model = nn.Sequential(ChannelsFirstRMSNorm(8))
+    x = torch.randn(2, 8, 5)
+    want = model(x)
+    report = patch_report(model)
+    assert not report.swapped
+    assert "broadcasts" in report.skipped[0].reason
+    assert torch.equal(model(x), want)

@@ -216,8 +216,14 @@ def _user_model(spec: str, seed: int) -> tuple[Any, tuple[Any, ...]]:
     model, example = _call_factory(spec)
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"--model {spec}: returned a {type(model).__name__}, not a torch module")
-    example = (example,) if isinstance(example, torch.Tensor) else tuple(example)
-    return model, example
+    if isinstance(example, torch.Tensor):
+        example = (example,)
+    if not isinstance(example, (tuple, list)) or not example:
+        raise UsageError(
+            f"--model {spec}: example_inputs must be a tensor or a tuple of inputs, got "
+            f"{type(example).__name__}"
+        )
+    return model, tuple(example)
 
 
 def _call_factory(spec: str) -> tuple[Any, Any]:
