@@ -309,6 +309,10 @@ def load_model(path: str | os.PathLike[str], *, load_external_data: bool = True)
         raise InvalidModelError(f"{p}: no such file")
     if p.is_dir():
         raise InvalidModelError(f"{p}: is a directory, not an ONNX file")
+    mode = p.stat().st_mode
+    if not stat.S_ISREG(mode):  # a FIFO or a device: read to its end it may never end
+        kind = _SPECIAL.get(stat.S_IFMT(mode), "special file")
+        raise InvalidModelError(f"{p}: is a {kind}, not an ONNX file")
     if p.stat().st_size == 0:
         raise InvalidModelError(f"{p}: empty file, not an ONNX model")
     try:

@@ -82,3 +82,14 @@ def test_serialize_stamps_the_bytes_not_the_model():
     data = onnx_io.serialize(model)
     assert model.ir_version == 14
     assert onnx.load_from_string(data).ir_version == onnx_io.set_ir_version(model).ir_version < 14
+
+
+def test_a_fifo_is_no_model_file(tmp_path: Path) -> None:
+    """Read to its end a FIFO may never end (and was called an empty file): refused by kind."""
+    from rmsnorm_onnx.errors import InvalidModelError
+    from rmsnorm_onnx.onnx_io import load_model
+
+    fifo = tmp_path / "in.onnx"
+    os.mkfifo(fifo)
+    with pytest.raises(InvalidModelError, match="is a FIFO, not an ONNX file"):
+        load_model(fifo)
