@@ -265,3 +265,27 @@ def test_nodes_out_of_order_are_put_in_order_and_fused(tmp_path: Path, capsys) -
     before = [n.op_type for n in model.graph.node]
     fused, report = fuse(model)  # from Python: the caller's model is left as it was
     assert [n.op_type for n in model.graph.node] == before and report.fused_count == 1
+
+
+def test_an_omitted_optional_input_an_op_requires_stays_empty() -> None:
+    """Loop(M, "") (cond omitted) beside a norm: written back as Loop(M) once, which onnx's
+    checker and onnxruntime refuse."""
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("Neg", ["x"], ["t"])],
+        "body",
+        [vi("i", onnx.TensorProto.INT64, []), vi("c_in", onnx.TensorProto.BOOL, [])],
+        [vi("c_out", onnx.TensorProto.BOOL, []), vi("t", onnx.TensorProto.FLOAT, [2, 3, 16])],
+    )
+    model = build(Variant())
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(2, np.int64), "trip"))
+    model.graph.node.append(helper.make_node("Loop", ["trip", ""], ["z"], body=body))
+    model.graph.output.append(vi("z", onnx.TensorProto.FLOAT, [2, 2, 3, 16]))
+    fused, report = fuse(model)
+    assert report.fused_count == 1
+    loop = next(n for n in fused.graph.node if n.op_type == "Loop")
+    assert list(loop.input) == ["trip", ""]
+    x = feeds(Variant())
+    got = run(fused, x)
+    np.testing.assert_allclose(got[0], expected(Variant(), x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[1], np.stack([-x["x"]] * 2))

@@ -494,13 +494,18 @@ def test_a_sum_divided_by_an_integer_count_cast_to_float_fuses(cast: str) -> Non
                                rtol=1e-5, atol=1e-5)  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "shapes", [((), (1, 1, N)), ((1, 1, 1), (N,))], ids=["w-1-1-h", "one-1-1-1"]
+)
 @pytest.mark.parametrize("order", ["norm-times-scale", "scale-inside"])
-def test_gemma_one_plus_w_of_shape_1_1_h_folds(order: str) -> None:
+def test_gemma_one_plus_w_of_shape_1_1_h_folds(order: str, shapes) -> None:
     """jax2onnx writes Gemma's reference norm as normed · (1 + w[1, 1, H]): folded and squeezed
-    into the op's scale, nothing left outside (once the Add and the Mul stayed)."""
+    into the op's scale, nothing left outside (once the Add and the Mul stayed); the 1 may be
+    the operand with the leading dims (that crashed the fold once)."""
     b = Builder(Spelling())
-    w = (0.1 * np.random.default_rng(0).standard_normal((1, 1, N))).astype(np.float32)
-    one_plus = b.op("Add", b.const(1.0), b.const(w))
+    one_shape, w_shape = shapes
+    w = (0.1 * np.random.default_rng(0).standard_normal(w_shape)).astype(np.float32)
+    one_plus = b.op("Add", b.const(np.ones(one_shape, np.float32)), b.const(w))
     if order == "norm-times-scale":
         y = b.op("Mul", b.norm("x", None), one_plus)
     else:  # the recogniser reads it as the chain's scale factor
@@ -548,4 +553,28 @@ def test_an_exponent_cast_from_a_half_constant_reads_as_its_value() -> None:
     assert report.fused_count == 1, report.summary(verbose=True)
     x = _feed()
     np.testing.assert_allclose(run(fused, {"x": x})[0], rms_norm(x, None, epsilon=EPS),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("one_shape", [(1, 1, 1), (1, 1)])
+def test_our_norm_absorbs_one_plus_w_whose_one_has_the_leading_dims(one_shape) -> None:
+    """A file with our op already, then · (c[H] + 1[1, 1, 1]): the folded scale keeps the Add's
+    shape before its leading 1s go (the fold once took c's shape and crashed)."""
+    from rmsnorm_onnx import op_schema
+
+    c = (0.1 * np.random.default_rng(1).standard_normal(N)).astype(np.float32)
+    nodes = [
+        op_schema.make_node(["x"], ["n"], epsilon=EPS),
+        helper.make_node("Add", ["c", "one"], ["w1"]),
+        helper.make_node("Mul", ["n", "w1"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(c, "c"),
+             numpy_helper.from_array(np.ones(one_shape, np.float32), "one")]  # fmt: skip
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(SHAPE)) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "g", io[:1], io[1:], initializer=inits)
+    opsets = [helper.make_opsetid("", 18), op_schema.opset_import()]
+    fused, _ = fuse(helper.make_model(graph, opset_imports=opsets, ir_version=10))
+    assert [n.op_type for n in fused.graph.node if n.op_type != "Constant"] == ["RMSNorm"]
+    x = _feed()
+    np.testing.assert_allclose(run(fused, {"x": x})[0], rms_norm(x, c + 1, epsilon=EPS),
                                rtol=1e-5, atol=1e-5)  # fmt: skip

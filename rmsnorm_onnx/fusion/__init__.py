@@ -78,6 +78,22 @@ def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
         return proto
 
 
+def _keep_required_inputs(model: onnx.ModelProto) -> None:
+    """Give back the empty trailing inputs an op requires (onnx-ir writes ``Loop(M, "")``, its
+    cond omitted, as ``Loop(M)``, which no runtime loads)."""
+    version = _default_import(model.opset_import, "the fused model") or 1
+    for graph in onnx_io.all_graphs(model):
+        for node in graph.node:
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            try:
+                need = defs.get_schema(node.op_type, version, "").min_input
+            except defs.SchemaError:
+                continue
+            if len(node.input) < need:
+                node.input.extend([""] * (need - len(node.input)))
+
+
 def _refuse_non_utf8(message: Message, where: str, path: str = "model") -> None:
     """An InvalidModelError naming a text field that is not UTF-8, if there is one: protobuf
     hands such fields over as bytes, which onnx-ir cannot read or write (onnxruntime never looks
@@ -143,7 +159,7 @@ def fuse(
     # repeat across subgraphs)
     declared = preserve.snapshot(proto, model)
     report = FuseReport(target=tgt.name, notes=sorted_notes + inlined)
-    raising.canonicalize(model, report, proto)
+    raising.canonicalize(model, report, proto, base_dir)
 
     lower(model, tgt, report)  # every canonical node, raised here or already in the file
     preserve.restore(model, declared)
@@ -152,6 +168,7 @@ def fuse(
     except Exception:
         _refuse_non_utf8(proto, where)
         raise
+    _keep_required_inputs(fused)
     fused.ir_version = preserve.ir_version(proto.ir_version, fused)
     if function_bodies:
         report.notes += op_functions.attach(fused).notes

@@ -522,8 +522,10 @@ class Reader:
         if n is None:
             return Miss("LpNormalization over an axis of unknown size: N is not known", node)
         # LpNormalization maps a row of zeros to zeros, where x·ms^(-1/2) is 0·∞: the smallest
-        # normal float32 as ε gives those rows 0 and changes no other row's float32 result
-        # (ms + ε rounds to ms for any ms above 2^-102)
+        # normal float32 as ε (a subnormal one would be flushed to 0 where denormals are) gives
+        # those rows 0 and changes no float32 result of a row whose RMS is above 4.4e-16 (ms + ε
+        # rounds to ms above 2^-102); rows below that, whose squares float32 holds at reduced
+        # precision if at all, move
         shifted = Shifted(MeanSquare(y, -1, node), LP_ZERO_ROW_EPSILON, outside=False)
         out = Product(coef=(1.0 if c > 0 else -1.0) / math.sqrt(n), narrowest=read.narrowest)
         out.interior.update(read.interior)

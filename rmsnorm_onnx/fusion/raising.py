@@ -14,6 +14,8 @@ outside the function meets the norm. Nothing here depends on the target.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnx
 import onnx_ir as ir
 import onnxscript.optimizer
@@ -33,11 +35,16 @@ def _norms(model: ir.Model) -> list[ir.Node]:
     return [node for node in driver.all_nodes(model) if patterns.is_fused(node)]
 
 
-def canonicalize(model: ir.Model, report: FuseReport, proto: onnx.ModelProto | None = None) -> None:
+def canonicalize(
+    model: ir.Model,
+    report: FuseReport,
+    proto: onnx.ModelProto | None = None,
+    base_dir: Path | None = None,
+) -> None:
     """Raise every norm of ``model`` (in place) to our ops; fill the report's raise half.
-    ``proto``, the model read, is where onnxruntime's symbolic inference finds the types and
-    shapes onnx's leaves unknown."""
-    inferred = types.Inferred(proto)
+    ``proto``, the model read (its external data in ``base_dir``), is where onnxruntime's
+    symbolic inference finds the types and shapes onnx's leaves unknown."""
+    inferred = types.Inferred(proto, base_dir)
     types.fill(model, inferred)  # com.microsoft outputs, TorchScript intermediates: ORT knows them
     sources.tag_ours(driver.all_nodes(model))
     source_rules = sources.rules()

@@ -18,8 +18,10 @@ import sys
 from pathlib import Path
 
 import onnx
+import onnx.external_data_helper
 import onnx_ir as ir
 
+from ..onnx_io import all_tensors
 from ..op_schema import MS_DOMAIN
 from .algebra import STATISTIC_OPS
 from .sources import SOURCE_OPS
@@ -50,8 +52,9 @@ class Inferred:
     asked. Its symbols are its own (it keeps the file's and names the rest): its shapes are
     compared with each other only, never with onnx's."""
 
-    def __init__(self, proto: onnx.ModelProto | None) -> None:
+    def __init__(self, proto: onnx.ModelProto | None, base_dir: Path | None = None) -> None:
         self.proto = proto
+        self.base_dir = base_dir
         self._known: dict[str, onnx.ValueInfoProto] | None = None
         self._merged: dict[str, onnx.ValueInfoProto] | None = None
 
@@ -72,7 +75,7 @@ class Inferred:
         if self.proto is None:
             return {}
         try:
-            return _ort_inference(self.proto, merge)
+            return _ort_inference(_small_tensors_inline(self.proto, self.base_dir), merge)
         except Exception as e:  # an op it cannot follow: nothing more is known
             _log.debug("symbolic shape inference failed: %s", e)
             return {}
@@ -144,6 +147,36 @@ def _typed(table: dict[str, onnx.ValueInfoProto]) -> dict[str, onnx.ValueInfoPro
         for name, info in table.items()
         if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type
     }
+
+
+_INLINE_LIMIT = 1 << 16  # bytes: shape-like constants, never weights
+
+
+def _small_tensors_inline(proto: onnx.ModelProto, base_dir: Path | None) -> onnx.ModelProto:
+    """``proto``, or a copy with its small external tensors read in: the inference reads the
+    values of shape-like constants, and resolves external data against the working folder, not
+    the model's (a model read by ``fuse_file`` keeps tensors of 1 KB and more as byte ranges of
+    its own file: keras-hub files after MatMulNBitsQuantizer then lost 3 of 5 norms)."""
+
+    def small(t: onnx.TensorProto) -> bool:
+        info = {e.key: e.value for e in t.external_data}
+        return info.get("length", "").isdigit() and int(info["length"]) <= _INLINE_LIMIT
+
+    if base_dir is None or not any(
+        onnx.external_data_helper.uses_external_data(t) and small(t) for t in all_tensors(proto)
+    ):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)  # (the weights are byte ranges or external: the copy is small)
+    for tensor in all_tensors(copy):
+        if onnx.external_data_helper.uses_external_data(tensor) and small(tensor):
+            try:
+                onnx.external_data_helper.load_external_data_for_tensor(tensor, str(base_dir))
+            except (OSError, ValueError, onnx.checker.ValidationError):
+                continue  # left as it was: the inference stops where it needs it
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
+    return copy
 
 
 def _ort_inference(proto: onnx.ModelProto, merge: bool = False) -> dict[str, onnx.ValueInfoProto]:

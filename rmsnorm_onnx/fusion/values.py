@@ -196,6 +196,7 @@ def one_plus_constant(w: ir.Value) -> np.ndarray | None:
     for one, other in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
         if scalar(one) != 1.0:
             continue
+        ones = constant_array(one)  # its shape too: [1, 1, 1] + w[H] is [1, 1, H]
         array = constant_array(other)
         if array is None and other is not None and other.producer() is not None:
             cast = other.producer()
@@ -204,5 +205,5 @@ def one_plus_constant(w: ir.Value) -> np.ndarray | None:
         if array is None:
             continue
         dtype = w.dtype.numpy()
-        return np.add(array.astype(dtype), np.asarray(1, dtype=dtype))
+        return np.add(array.astype(dtype), np.asarray(ones, dtype=dtype))
     return None
