@@ -389,3 +389,27 @@ def test_a_text_field_that_is_not_utf8_is_named(tmp_path):
         where = f"model.{field}" if field.startswith("metadata") else f"model.graph.{field}"
         with pytest.raises(InvalidModelError, match=re.escape(f"{where} is not UTF-8")):
             fuse(str(path))
+
+
+def test_one_data_file_named_two_ways_is_placed_once(tmp_path):
+    """Tensors that name one data file as "w.bin" and "./w.bin": one OUT.data, not two copies."""
+    v = Variant(shape=(2, 3, 64))
+    model = _two_norm_model(v)
+    src_dir = tmp_path / "in"
+    src_dir.mkdir()
+    src = src_dir / "model.onnx"
+    _save_external(model, src)
+    proto = onnx.load(src, load_external_data=False)
+    external = [t for t in proto.graph.initializer if t.external_data]
+    assert len(external) >= 2
+    for entry in external[1].external_data:
+        if entry.key == "location":
+            entry.value = "./" + entry.value
+    onnx.save(proto, src)
+    out = tmp_path / "out" / "x.onnx"
+    out.parent.mkdir()
+    fuse_file(src, out)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["x.onnx", "x.onnx.data"]
+    inputs = feeds(v)
+    np.testing.assert_allclose(run(onnx.load(out), inputs)[0], run(onnx.load(src), inputs)[0],
+                               rtol=1e-5, atol=1e-5)  # fmt: skip

@@ -49,8 +49,13 @@ def check_files(model: onnx.ModelProto, base_dir: Path, source: Path) -> None:
     onnx_io.check_external_data(model, base_dir, source)
 
 
-def _data_names(dst: Path, count: int) -> list[Path]:
-    return [dst.parent / f"{dst.name}.data{i or ''}" for i in range(count)]
+def _renamed(files: dict[str, int], dst: Path) -> dict[str, str]:
+    """Each data file's location -> its name beside OUT (``OUT.data``, ``OUT.data1``, ...); one
+    file named two ways (``w.bin``, ``./w.bin``) gets one name, and is placed once."""
+    names: dict[str, str] = {}
+    for location in sorted(files, key=os.path.normpath):
+        names.setdefault(os.path.normpath(location), f"{dst.name}.data{len(names) or ''}")
+    return {location: names[os.path.normpath(location)] for location in files}
 
 
 def check_output(
@@ -62,7 +67,8 @@ def check_output(
     if onnx_io.same_file(dst, src) and not in_place:
         raise UsageError(f"{dst}: is the input file; refusing to overwrite it without --in-place")
     beside = dst.parent.resolve() == src.parent.resolve()
-    targets = [dst] + ([] if beside or not files else _data_names(dst, len(files)))
+    placed = sorted(set(_renamed(files, dst).values())) if files and not beside else []
+    targets = [dst] + [dst.parent / name for name in placed]
     for target in targets:
         for location in files:
             if onnx_io.same_file(target, src.parent / location):
@@ -130,20 +136,19 @@ def write(
     if files and src_dir is None:
         raise InvalidModelError("model refers to external data but its folder is unknown")
     beside = bool(files) and dst.parent.resolve() == src_dir.resolve()
-    renamed = (
-        {} if beside else {loc: f"{dst.name}.data{i or ''}" for i, loc in enumerate(sorted(files))}
-    )
-    for new_location in renamed.values():  # a folder or a FIFO there: refused before any copy
+    renamed = {} if beside else _renamed(files, dst)
+    sources = {new: src_dir / location for location, new in renamed.items()}
+    for new_location in sources:  # a folder or a FIFO there: refused before any copy
         onnx_io.output_target(dst.parent / new_location)
     onnx_io.remove_stale_temps(dst.parent)
     staged: list[tuple[Path, Path]] = []
     placed: dict[Path, str] = {}
     try:
-        for location, new_location in renamed.items():
+        for new_location, source in sources.items():
             final = dst.parent / new_location
             tmp = onnx_io.temp_path(final)
             staged.append((tmp, final))
-            placed[final] = _place(src_dir / location, tmp, weights)
+            placed[final] = _place(source, tmp, weights)
         _relocate(model, renamed, split)
         staged.append((onnx_io.new_temp_beside(dst), dst))
         # as fuse() returns it: the input's version, unless onnxruntime cannot read that
