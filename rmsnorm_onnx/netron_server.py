@@ -25,12 +25,15 @@ def serve(
     import netron
 
     path = Path(model)
-    if not path.is_file():
-        what = "is a directory, not a model file" if path.is_dir() else "no such file"
-        raise InvalidModelError(f"{path}: {what}")
+    if not path.exists():
+        raise InvalidModelError(f"{path}: no such file")
+    from .fusion.inline_weights import read
+    from .onnx_io import load_model
+
+    if not path.is_file():  # a folder, a FIFO, a device: said as load_model says it
+        load_model(path, load_external_data=False)
     if path.stat().st_size == 0:
         raise InvalidModelError(f"{path}: empty file, not a model")
-    from .fusion.inline_weights import read
 
     read(path)  # text, garbage, truncated: the usual one-line error; large weights not parsed
     # Netron announces itself through the logging module; callers print the URL themselves.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import signal
@@ -114,17 +115,27 @@ def test_view_on_a_busy_port_is_one_line_exit_1(model: Path) -> None:
     assert len(lines) == 1 and f"cannot serve on 127.0.0.1:{port}" in lines[0], result.stderr
 
 
-@pytest.mark.parametrize("kind", ["missing", "directory", "empty"])
-def test_view_bad_file_is_one_line_exit_1(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("missing", "no such file"),
+        ("directory", "is a directory"),
+        ("empty", "empty file"),
+        ("fifo", "is a FIFO"),  # once called "no such file"
+    ],
+)
+def test_view_bad_file_is_one_line_exit_1(tmp_path: Path, kind: str, says: str) -> None:
     path = tmp_path / "m.onnx"
     if kind == "directory":
         path.mkdir()
     elif kind == "empty":
         path.write_bytes(b"")
+    elif kind == "fifo":
+        os.mkfifo(path)
     result = run_cli("view", path, "--no-browser", timeout=60)
     assert result.returncode == 1
     lines = error_lines(result.stderr)
-    assert len(lines) == 1 and lines[0].startswith(f"rmsnorm-onnx: error: {path}: ")
+    assert len(lines) == 1 and lines[0].startswith(f"rmsnorm-onnx: error: {path}: {says}")
 
 
 def _text(path: Path) -> None:
