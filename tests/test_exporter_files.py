@@ -143,6 +143,25 @@ def run(model: onnx.ModelProto | Path, inputs: dict[str, np.ndarray]) -> list[np
     return sess.run(None, inputs)
 
 
+def fuse_every_norm(src: Path, out: Path, norms: int, label: str) -> tuple[onnx.ModelProto, str]:
+    """``fuse_file`` to custom: every norm fused, every residual Add in front of one absorbed;
+    (the fused model, the report for messages)."""
+    report = fuse_file(src, out, target="custom")
+    where = f"{label}:\n{report.summary(verbose=True)}"
+    model = onnx_io.load_model(out)
+    assert sum(report.converted.values()) == norms, where
+    assert sum(norm_ops(model, "custom").values()) == norms, where
+    assert unabsorbed_residuals(model, "custom") == [], where
+    return model, where
+
+
+def assert_runs_like(model: onnx.ModelProto, original: Path, inputs: dict, where: str) -> None:
+    """Every output within float32's tolerance (widened for a whole model) of the original's."""
+    rtol, atol = (t * MODEL_TOLERANCE_FACTOR for t in tolerance(np.float32))
+    for got, want in zip(run(model, inputs), run(original, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=where)
+
+
 def assert_same_outputs(path: Path, model: onnx.ModelProto, where: str) -> None:
     side = sidecar(path)
     inputs = feeds(side)
@@ -256,15 +275,5 @@ def test_every_norm_fuses_after_matmul_nbits_quantization(
     quant.process()
     quantized = tmp_path / "int4.onnx"
     quant.model.save_model_to_file(str(quantized))
-    out = tmp_path / "fused.onnx"
-    report = fuse_file(quantized, out, target="custom")
-    where = f"{path.name} int4:\n{report.summary(verbose=True)}"
-    model = onnx_io.load_model(out)
-    assert sum(report.converted.values()) == norms, where
-    assert sum(norm_ops(model, "custom").values()) == norms, where
-    assert unabsorbed_residuals(model, "custom") == [], where
-    inputs = feeds(sidecar(path))
-    rtol, atol = tolerance(np.float32)
-    for got, want in zip(run(model, inputs), run(quantized, inputs), strict=True):
-        factor = MODEL_TOLERANCE_FACTOR
-        np.testing.assert_allclose(got, want, rtol=rtol * factor, atol=atol * factor, err_msg=where)
+    model, where = fuse_every_norm(quantized, tmp_path / "fused.onnx", norms, f"{path.name} int4")
+    assert_runs_like(model, quantized, feeds(sidecar(path)), where)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from test_exporter_files import norm_ops, unabsorbed_residuals
+from test_exporter_files import assert_runs_like, fuse_every_norm, norm_ops
 
 from rmsnorm_onnx import onnx_io
 from rmsnorm_onnx.fusion import fuse_file
@@ -91,20 +91,10 @@ def test_norms_beside_quantized_matmuls_fuse_with_their_residuals(
 ) -> None:
     src, norms = llama
     quantized = quantize(src, how)
-    out = tmp_path / "fused.onnx"
-    report = fuse_file(quantized, out, target="custom")
-    where = f"{how}:\n{report.summary(verbose=True)}"
-    fused = onnx_io.load_model(out)
-    assert sum(report.converted.values()) == norms, where
-    assert sum(norm_ops(fused, "custom").values()) == norms, where
-    assert unabsorbed_residuals(fused, "custom") == [], where
+    fused, where = fuse_every_norm(quantized, tmp_path / "fused.onnx", norms, how)
     # pre-norm decoder: every norm but the first (on the embedding) follows a residual Add
     assert norm_ops(fused, "custom")["SkipRMSNorm"] == norms - 1, where
-    inputs = _ids(seed=99)
-    rtol, atol = tolerance(np.float32)
-    for got, want in zip(run(fused, inputs), run(quantized, inputs), strict=True):
-        factor = MODEL_TOLERANCE_FACTOR
-        np.testing.assert_allclose(got, want, rtol=rtol * factor, atol=atol * factor, err_msg=how)
+    assert_runs_like(fused, quantized, _ids(seed=99), where)
 
 
 def test_static_quantization_inside_the_norm_is_left_with_its_reason(llama, tmp_path: Path) -> None:
