@@ -93,3 +93,30 @@ def test_a_fifo_is_no_model_file(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(InvalidModelError, match="is a FIFO, not an ONNX file"):
         load_model(fifo)
+
+
+def test_ctrl_c_during_a_commit_waits_for_the_whole_commit(tmp_path: Path, monkeypatch) -> None:
+    """A model and its data file move in as one step: Ctrl-C between the two replaces is raised
+    after both (else the old model would point at the new data file)."""
+    import signal
+
+    staged = []
+    for name in ("m.onnx.data", "m.onnx"):
+        tmp, final = tmp_path / f".{name}.tmp", tmp_path / name
+        tmp.write_text("new")
+        final.write_text("old")
+        staged.append((tmp, final))
+    real_replace = os.replace
+    calls = []
+
+    def replace_then_interrupt(src, dst):
+        real_replace(src, dst)
+        calls.append(dst)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C after the data file, before the model
+
+    monkeypatch.setattr(onnx_io.os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        onnx_io.commit(staged)
+    assert [final.read_text() for _, final in staged] == ["new", "new"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
