@@ -316,7 +316,9 @@ def load_model(path: str | os.PathLike[str], *, load_external_data: bool = True)
     if p.stat().st_size == 0:
         raise InvalidModelError(f"{p}: empty file, not an ONNX model")
     try:
-        model = onnx.load_model(p, load_external_data=False)
+        # binary, as onnxruntime reads it, whatever the name ends in (onnx would read a model named
+        # .json or .txt as text)
+        model = onnx.load_model(p, format="protobuf", load_external_data=False)
     except Exception as e:  # protobuf raises DecodeError, RuntimeWarning-ish errors, ValueError
         reason = f"{type(e).__name__}: {e}"
         raise InvalidModelError(f"{p}: not a readable ONNX model ({reason})") from None

@@ -120,3 +120,11 @@ def test_ctrl_c_during_a_commit_waits_for_the_whole_commit(tmp_path: Path, monke
         onnx_io.commit(staged)
     assert [final.read_text() for _, final in staged] == ["new", "new"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_binary_model_loads_whatever_its_name_ends_in(tmp_path: Path) -> None:
+    """onnx reads a file named .json or .txt as text; onnxruntime, and we, read binary."""
+    model = make_model("float32")
+    for name in ("m.json", "m.txt"):
+        onnx_io.save_model(model, tmp_path / name)
+        assert onnx_io.load_model(tmp_path / name).graph.node[0].op_type == "RMSNorm"
