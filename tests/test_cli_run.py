@@ -269,6 +269,9 @@ BAD_OPTIONS = {
         "would take 0.0256 GB, more than --max-gb 0.01",
     ),
     "limit-zero": (["--max-gb", "0"], "argument --max-gb: 0: must be a number > 0"),
+    "limit-nan": (["--max-gb", "nan"], "argument --max-gb: nan: must be a finite number"),
+    "limit-inf": (["--max-gb", "inf"], "argument --max-gb: inf: must be a finite number"),
+    "atol-nan": (["--atol", "nan"], "argument --atol: nan: must be a finite number"),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from ..errors import UsageError
@@ -44,21 +45,28 @@ def thread_count(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    """A float > 0 (and finite)."""
-    value = non_negative_float(text)
-    if not 0 < value < float("inf"):
+    """A finite float > 0."""
+    value = _finite_float(text)
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"{text}: must be a number > 0")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    """A float >= 0; NaN is refused too (``not value >= 0``)."""
+    """A finite float >= 0."""
+    value = _finite_float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 0")
+    return value
+
+
+def _finite_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: not a number") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be >= 0")
+    if not math.isfinite(value):  # nan once read "must be >= 0", inf "must be a number > 0"
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number")
     return value
 
 
