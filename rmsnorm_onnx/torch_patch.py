@@ -14,7 +14,8 @@ Outputs are bitwise identical for the LLaMA family (Llama, Mistral, Qwen2/3, Phi
 weight in the input's type), the Gemma family and ``torch.nn.RMSNorm``; a layer whose arithmetic
 differs in rounding only is swapped within the dtype's tolerance, and the report says which.
 The probe input has the weight's type: fed another (half activations into a float32 layer), a
-LLaMA-family layer returns its weight's type and ours the input's (the op contract's).
+LLaMA-family layer returns its weight's type and ours the input's (the op contract's); the
+report notes each layer where that is so.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -51,6 +54,7 @@ class Swapped:
     source: str
     variant: str
     exact: bool
+    note: str = ""  # where it differs from the original on inputs of another type
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,8 @@ class PatchReport:
             f"{len(self.swapped) - exact} within tolerance), skipped {len(self.skipped)}"
         ]
         lines += [f"  skipped {s.name or '<model>'} ({s.source}): {s.reason}" for s in self.skipped]
+        noted = Counter((s.source, s.note) for s in self.swapped if s.note)
+        lines += [f"  note: {source} x{n}: {note}" for (source, note), n in noted.items()]
         return "\n".join(lines)
 
 
@@ -113,7 +119,8 @@ def patch_report(model: nn.Module, *, inplace: bool = True) -> PatchReport:
             continue
         new.train(m.training)
         replacement[id(m)] = new
-        report.swapped.append(Swapped(name, type(m).__name__, variant, bool(exact_or_reason)))
+        exact = bool(exact_or_reason)
+        report.swapped.append(Swapped(name, type(m).__name__, variant, exact, _type_note(m, new)))
     for parent in model.modules():
         for child_name, child in parent._modules.items():
             if child is not None and id(child) in replacement:
@@ -194,6 +201,31 @@ def _convert(m: nn.Module) -> tuple[RMSNorm | None, str, bool | str]:
         "",
         (f"its output matches no RMSNorm variant we know (closest max abs diff {worst_diff:.3g})"),
     )
+
+
+def _type_note(old: nn.Module, new: RMSNorm) -> str:
+    """Where the original returns another type than ours for half or float32 inputs (a LLaMA
+    layer with float32 weights promotes half activations to float32; ours, as the op, keeps the
+    input's type): said, not hidden, in the report."""
+    weight = getattr(old, "weight", None)
+    if weight is None or not weight.is_floating_point() or weight.is_meta:
+        return ""
+    kinds = (torch.float32, torch.float16, torch.bfloat16)
+    for kind in (k for k in kinds if k != weight.dtype):
+        probe = _probe_input(new.normalized_shape, weight.device, kind)
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's "mismatch dtype" for nn.RMSNorm
+                theirs, ours = old(probe).dtype, new(probe).dtype
+        except Exception:  # a type one of them does not take: nothing to compare
+            continue
+        if theirs != ours:
+            name = str(kind).removeprefix("torch.")
+            return (
+                f"for {name} input the original returns {str(theirs).removeprefix('torch.')}, "
+                f"this layer {str(ours).removeprefix('torch.')} (the op keeps the input's type)"
+            )
+    return ""
 
 
 def _probe_input(

@@ -215,3 +215,30 @@ def test_a_norm_whose_weight_broadcasts_is_left_alone() -> None:
     assert not report.swapped
     assert "broadcasts" in report.skipped[0].reason
     assert torch.equal(model(x), want)
+
+
+class PromotingRMSNorm(nn.Module):
+    """LLaMA's arithmetic: ``weight * x_normed.to(input dtype)``, which promotes a half input to
+    the weight's float32."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(x.dtype)
+
+
+def test_a_type_the_swapped_layer_returns_otherwise_is_noted() -> None:
+    """float32 weights fed half activations: the original returns float32, ours (as the op) the
+    input's type. Swapped (float32 models are the common case), and the report says so."""
+    model = nn.Sequential(PromotingRMSNorm(16), PromotingRMSNorm(16))
+    report = patch_report(model)
+    assert len(report.swapped) == 2 and all(s.exact for s in report.swapped)
+    assert all("float16 input the original returns float32" in s.note for s in report.swapped)
+    assert "note: PromotingRMSNorm x2: for float16 input" in str(report)
+    x = torch.randn(2, 3, 16, dtype=torch.float16)
+    assert model(x).dtype == torch.float16  # as the note says
