@@ -38,6 +38,7 @@ __all__ = [
     "save_model",
     "serialize",
     "set_ir_version",
+    "subgraphs",
     "temp_path",
 ]
 
@@ -67,10 +68,18 @@ def all_graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto | onnx.Functi
         graph = stack.pop()
         yield graph
         for node in graph.node:
-            for attr in node.attribute:
-                if attr.HasField("g"):
-                    stack.append(attr.g)
-                stack.extend(attr.graphs)
+            stack.extend(subgraphs(node))
+
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node holds in its attributes (If's branches, a Loop's or Scan's body)."""
+    found = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            found.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            found.extend(attr.graphs)
+    return found
 
 
 def all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:

@@ -16,18 +16,11 @@ import onnx
 import onnx.inliner
 
 from .. import op_schema
+from ..onnx_io import subgraphs
 from .algebra import STATISTIC_OPS
 from .sources import SOURCE_OPS
 
 _DEFAULT = ("", "ai.onnx")
-
-
-def _graphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    return [
-        g
-        for attr in node.attribute
-        for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs))
-    ]
 
 
 def _holds_norm(node: onnx.NodeProto) -> bool:
@@ -37,12 +30,12 @@ def _holds_norm(node: onnx.NodeProto) -> bool:
         return True
     if node.domain == op_schema.DOMAIN:
         return True
-    return any(_holds_norm(n) for graph in _graphs(node) for n in graph.node)
+    return any(_holds_norm(n) for graph in subgraphs(node) for n in graph.node)
 
 
 def _calls(node: onnx.NodeProto) -> list[tuple[str, str]]:
     found = [(node.domain, node.op_type)]
-    found += [call for graph in _graphs(node) for n in graph.node for call in _calls(n)]
+    found += [call for graph in subgraphs(node) for n in graph.node for call in _calls(n)]
     return found
 
 
@@ -82,7 +75,7 @@ def _with_defaults(proto: onnx.ModelProto, selected: list[tuple[str, str]]) -> o
             for default in defaults.get((node.domain, node.op_type, node.overload), []):
                 if default.name not in passed:
                     node.attribute.append(default)
-            for graph in _graphs(node):
+            for graph in subgraphs(node):
                 fill(list(graph.node))
 
     fill(list(proto.graph.node))

@@ -15,14 +15,7 @@ from collections.abc import Iterable
 import onnx
 
 from ..errors import InvalidModelError
-
-
-def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
+from ..onnx_io import subgraphs
 
 
 def _check_nodes(
@@ -37,7 +30,7 @@ def _check_nodes(
                     "no input, initializer or earlier node defines (a cycle, a dangling input, "
                     "or nodes out of topological order)"
                 )
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             _check_graph(sub, defined, f"subgraph '{sub.name}'", source)
         for name in node.output:
             if name and name in local:  # SSA: one definition per name in a graph
@@ -73,7 +66,7 @@ def check(model: onnx.ModelProto, source: str = "model") -> None:
 def _reads(node: onnx.NodeProto) -> set[str]:
     """What a node reads: its inputs and what its subgraphs take from enclosing graphs."""
     names = {n for n in node.input if n}
-    for sub in _subgraphs(node):
+    for sub in subgraphs(node):
         inner = {i.name for i in sub.input} | {t.name for t in sub.initializer}
         inner |= {o for n in sub.node for o in n.output}
         names |= {n for n2 in sub.node for n in _reads(n2)} - inner
@@ -128,7 +121,7 @@ def _sort_graph(graph: onnx.GraphProto, outer: set[str], name: str, apply: bool)
             _reorder(graph, order)
     defined |= {o for n in graph.node for o in n.output}
     for node in graph.node:
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             notes += _sort_graph(sub, defined, f"subgraph '{sub.name}'", apply)
     return notes
 
