@@ -48,6 +48,7 @@ __all__ = [
 MIN_OPSET = 13
 FUNCTION_IR_VERSION = 8  # model-local functions
 OVERLOAD_IR_VERSION = 10  # NodeProto/FunctionProto.overload
+_ALLOWZERO_OPSET = 14  # Reshape's allowzero
 _CASTLIKE_OPSET = 15
 _AXES_INPUT_OPSET = 18  # ReduceMean's axes moved from attribute to input
 _FLOAT = onnx.TensorProto.FLOAT
@@ -114,12 +115,14 @@ def _ref(name: str, kind: int, of: str) -> onnx.AttributeProto:
 def _rows(b: _Body, xf: str) -> tuple[str, str]:
     """(``xf`` reshaped to [rows, prod(dims from @axis on)], ``xf``'s shape): the normalized dims
     as one last axis. Not ``Flatten(axis=@axis)``: onnx's ReferenceEvaluator fails on an
-    attribute reference in an op of one input (onnx 1.23)."""
+    attribute reference in an op of one input (onnx 1.23). A zero-size normalized dim makes it
+    [0, 1]: -1 cannot be worked out beside a 0, and a 0 would copy a dim of X."""
     shape = b("Shape", xf)
     axis = b("Constant", value_int=_ref("value_int", _INT, "axis"))
     first = b("Reshape", b("Mod", axis, b("Size", shape)), b.const(np.array([1], np.int64)))
     tail = b("Slice", shape, first, b.const(np.array([np.iinfo(np.int64).max], np.int64)))
     cols = b("ReduceProd", tail, keepdims=1)  # every axis: the same at any opset
+    cols = b("Max", cols, b.const(np.array([1], np.int64)))
     return b("Reshape", xf, b("Concat", b.const(np.array([-1], np.int64)), cols, axis=0)), shape
 
 
@@ -165,8 +168,8 @@ def function(variant: Variant, opset: int, *, overload: str = "") -> onnx.Functi
     else:
         root = b("Sqrt", b("Add", ms, eps))
     y = b("Div", rows, root)
-    if variant.axis != "last":
-        y = b("Reshape", y, shape)
+    if variant.axis != "last":  # X's shape may hold zeros: they are dims, not "copy X's"
+        y = b("Reshape", y, shape, **({"allowzero": 1} if opset >= _ALLOWZERO_OPSET else {}))
     if variant.scale:
         y = b("Mul", y, b("Cast", "scale", to=_FLOAT))
     if variant.bias:

@@ -453,3 +453,79 @@ def test_a_node_without_epsilon_gets_it_written() -> None:
     x = np.arange(1, 9, dtype=np.float32).reshape(1, 1, 8).repeat(4, 1)
     feeds = {"x": x, "w": np.ones(8, np.float32), "b": np.zeros(8, np.float32)}
     np.testing.assert_allclose(without_library(model, feeds)[0], reference.rms_norm(x), rtol=1e-5)
+
+
+def _empty_model(op: str, shape: tuple[int, ...], axis: int, scale: bool, opset: int):
+    """X of ``shape`` (every dim named, so that no size is known) -> one node -> Y (and S)."""
+    dims = [f"d{i}" for i in range(len(shape))]
+    norm_dims = dims[axis % len(shape) :]
+    vi = helper.make_tensor_value_info
+    inputs = [vi("x", TensorProto.FLOAT, dims)]
+    names = ["x"]
+    if op != "RMSNorm":
+        inputs.append(vi("skip", TensorProto.FLOAT, dims))
+        names.append("skip")
+    if scale:
+        inputs.append(vi("scale", TensorProto.FLOAT, norm_dims))
+        names.append("scale")
+    outs = ["y", "s"] if op.endswith("+S") else ["y"]
+    make = op_schema.make_skip_node if op != "RMSNorm" else op_schema.make_node
+    graph = helper.make_graph(
+        [make(names, outs, epsilon=0.1, axis=axis)],
+        "empty",
+        inputs,
+        [vi(o, TensorProto.FLOAT, dims) for o in outs],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset), op_schema.opset_import()]
+    )
+    onnx_io.set_ir_version(model)
+    op_functions.attach(model)
+    feeds = {"x": np.zeros(shape, np.float32), "skip": np.zeros(shape, np.float32)}
+    feeds = {k: v for k, v in feeds.items() if k in names}
+    if scale:
+        feeds["scale"] = np.ones(shape[axis % len(shape) :], np.float32)
+    return model, feeds, len(outs)
+
+
+@pytest.mark.filterwarnings(
+    "ignore:(Mean of empty slice|invalid value):RuntimeWarning"
+)  # numpy, empty rows
+@pytest.mark.parametrize("opset", [14, 18])
+@pytest.mark.parametrize(
+    ("op", "shape", "axis", "scale"),
+    [
+        ("RMSNorm", (2, 0), -1, False),  # rows of length 0
+        ("RMSNorm", (2, 0), 0, False),
+        ("RMSNorm", (2, 3, 0), 1, True),
+        ("RMSNorm", (0, 4, 8), -1, True),  # no rows
+        ("RMSNorm", (0, 4, 8), -2, True),
+        ("SkipRMSNorm+S", (2, 3, 0), 1, True),
+        ("SkipRMSNorm+S", (0, 4, 8), 0, False),
+    ],
+)
+def test_zero_size_tensors_give_empty_outputs_everywhere(op, shape, axis, scale, opset) -> None:
+    """As the kernels do: an empty Y (and S) of X's shape. The bodies reshaped to [-1, cols],
+    which fails where cols is 0, and back to X's shape, whose zeros Reshape read as "X's dim"."""
+    model, feeds, n_out = _empty_model(op, shape, axis, scale, opset)
+    runners = [with_library, without_library]
+    if not ort.__version__.startswith("1.21."):
+        runners.append(in_reference_evaluator)
+    for run in runners:
+        outs = run(model, feeds)
+        assert [o.shape for o in outs] == [shape] * n_out, run.__name__
+
+
+@pytest.mark.filterwarnings(
+    "ignore:(Mean of empty slice|invalid value):RuntimeWarning"
+)  # numpy, empty rows
+def test_onnxruntime_refuses_its_own_fused_norm_on_rows_of_length_0() -> None:
+    """The one zero-size case a body cannot help: onnxruntime fuses the last-axis body with a
+    scale into its SimplifiedLayerNormalization, which refuses rows of length 0 (docs/numerics.md
+    says so). With our library, and in onnx's evaluator, the output is empty as it should be."""
+    model, feeds, _ = _empty_model("RMSNorm", (2, 0), -1, True, 18)
+    assert with_library(model, feeds)[0].shape == (2, 0)
+    if not ort.__version__.startswith("1.21."):
+        assert in_reference_evaluator(model, feeds)[0].shape == (2, 0)
+    with pytest.raises(ORT_ERRORS, match="must be at least 1"):
+        without_library(model, feeds)
