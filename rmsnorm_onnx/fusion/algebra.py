@@ -47,14 +47,17 @@ _MAX_DEPTH = 64  # read recursion: a norm is a handful of ops; deeper chains are
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MeanSquare:
-    """mean(x², over axes [axis, rank)); ``axis`` negative, or 0 for every axis."""
+    """mean(x², over axes [axis, rank)); ``axis`` negative, or 0 for every axis. ``dropped``:
+    the reduced axes are gone (keepdims=0), so it does not broadcast against x until an
+    Unsqueeze or Reshape puts them back as 1s (:meth:`Reader._restored`)."""
 
     x: ir.Value
     axis: int
     node: ir.Node  # the statistic that takes it
+    dropped: bool = False
 
     def key(self) -> tuple[object, ...]:
-        return ("ms", id(root(self.x)), self.axis)
+        return ("ms", id(root(self.x)), self.axis, self.dropped)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -289,7 +292,14 @@ class Reader:
                 )
         return Product.leaf(value)
 
-    _op_Sub = _op_Neg = _op_Abs = _op_Max = _op_Min = _op_Clip = _leaf_unless_part
+    _op_Neg = _op_Abs = _op_Max = _op_Min = _op_Clip = _leaf_unless_part
+
+    def _op_Sub(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        """a - 0 is a (Flax's RMSNorm subtracts a mean of zeros, jax2onnx writes it out)."""
+        a, b = (*node.inputs, None, None)[:2]
+        if a is not None and b is not None and _zeros(b) and _no_wider_than(b, a):
+            return self.read(a, depth)
+        return self._leaf_unless_part(node, value, depth)
 
     def _op_Identity(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
         inner = self.read(node.inputs[0], depth)
@@ -405,6 +415,44 @@ class Reader:
                 return shifted
         return Product.leaf(value)
 
+    # -- a statistic taken with keepdims=0, its axes put back (or one kept, broadcast)
+    def _restored(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        """An Unsqueeze, Reshape or Expand of a statistic that is again the statistic: one that
+        puts the dropped axes back as trailing 1s, or broadcasts a kept one no wider than x."""
+        inner = self.read(node.inputs[0], depth) if node.inputs and node.inputs[0] else None
+        if not isinstance(inner, Product) or inner.leaves() or not inner.statistic():
+            return inner if isinstance(inner, Miss) else Product.leaf(value)
+        mss = {id(_mean_square(t)): _mean_square(t) for t, _ in inner.statistic()}
+        if len(mss) != 1:
+            return Product.leaf(value)
+        (ms,) = mss.values()
+        if ms.dropped and node.op_type != "Expand" and self._puts_back(node, value, ms):
+            return _kept(inner, ms)
+        if not ms.dropped and node.op_type != "Unsqueeze" and _no_wider(value, ms):
+            return inner.copy()
+        return Product.leaf(value)
+
+    _op_Unsqueeze = _op_Reshape = _op_Expand = _restored
+
+    def _puts_back(self, node: ir.Node, value: ir.Value, ms: MeanSquare) -> bool:
+        """Whether the node's output is ms with its reduced (trailing) axes back as 1s."""
+        x_rank = rank(ms.x)
+        if x_rank is None:
+            return False
+        trailing = list(range(x_rank + ms.axis, x_rank))
+        if node.op_type == "Unsqueeze":
+            if self.opset >= 13:
+                array = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
+                axes = None if array is None else [int(a) for a in array.reshape(-1)]
+            else:
+                axes = list(node.attributes.get_ints("axes", []))
+            return axes is not None and sorted(a % x_rank for a in axes) == trailing
+        shape, x_shape = value.shape, ms.x.shape
+        if shape is None or x_shape is None or len(shape) != x_rank:
+            return False
+        lead = list(zip(list(shape)[: ms.axis], list(x_shape)[: ms.axis], strict=True))
+        return all(d == 1 for d in list(shape)[ms.axis :]) and all(_same_dim(a, b) for a, b in lead)
+
     # -- the statistics: means of squares
     def _square_of(self, node: ir.Node, depth: int) -> tuple[ir.Value, float] | Miss | None:
         """(y, c) when the node's input reads as c·y², a Miss for a near miss, else None."""
@@ -436,7 +484,7 @@ class Reader:
         out.interior.update(square.interior)
         out.spelling.update(square.spelling)
         out.spelling.setdefault("mean", how)
-        ms = MeanSquare(y, axis, node)
+        ms = MeanSquare(y, axis, node, dropped=_drops_axes(node, y, axis))
         out.powers[term_key(ms)] = (ms, Fraction(1))
         return out
 
@@ -539,10 +587,6 @@ class Reader:
     def axis_of(self, node: ir.Node, x: ir.Value) -> int | Miss:
         """The first normalized axis of a reduction over trailing axes, or a Miss."""
         op = node.op_type
-        if node.attributes.get_int("keepdims", 1) != 1:
-            return Miss(
-                f"{op} with keepdims=0 does not broadcast back over the normalized axes", node
-            )
         axes: list[int] | None
         if self.opset >= AXES_INPUT_SINCE.get(op, AXES_INPUT_DEFAULT):
             axes_value = node.inputs[1] if len(node.inputs) > 1 else None
@@ -583,6 +627,78 @@ class Reader:
         if n is None:
             return Miss(f"{node.op_type} over dims of unknown size: the count N is not known", node)
         return float(n)
+
+
+def _drops_axes(node: ir.Node, x: ir.Value, axis: int) -> bool:
+    """keepdims=0 over some of x's axes (over all of them the 0-d mean broadcasts as is)."""
+    if node.op_type not in ("ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"):
+        return False
+    return node.attributes.get_int("keepdims", 1) == 0 and axis != 0 and rank(x) != -axis
+
+
+def _mean_square(term: MeanSquare | Shifted) -> MeanSquare:
+    return term.ms if isinstance(term, Shifted) else term
+
+
+def _kept(read: Product, ms: MeanSquare) -> Product:
+    """``read`` with ``ms`` (dropped) replaced by the same mean with its axes kept."""
+    kept = dataclasses.replace(ms, dropped=False)
+    out = read.copy()
+    out.powers.clear()
+    for term, e in read.terms():
+        if isinstance(term, Shifted):
+            term = dataclasses.replace(term, ms=kept)
+        elif term is ms:
+            term = kept
+        out.powers[term_key(term)] = (term, e)
+    return out
+
+
+def _no_wider(value: ir.Value, ms: MeanSquare) -> bool:
+    """Whether ``value`` (a kept statistic reshaped or expanded) has x's rank and each dim the
+    statistic's or x's: it multiplies x as the statistic itself does."""
+    shape, x_shape = value.shape, ms.x.shape
+    if shape is None or x_shape is None or len(shape) != len(x_shape):
+        return False
+    first = len(x_shape) + ms.axis if ms.axis < 0 else 0
+    dims = list(zip(list(shape), list(x_shape), strict=True))
+    return all(_same_dim(d, x) for d, x in dims[:first]) and all(
+        d == 1 or _same_dim(d, x) for d, x in dims[first:]
+    )
+
+
+def _same_dim(a: object, b: object) -> bool:
+    """Equal dims: the same number, or the same named symbol."""
+    if isinstance(a, int) or isinstance(b, int):
+        return a == b
+    return a is not None and b is not None and str(a) == str(b) and bool(str(a))
+
+
+_FILLS = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Cast", "CastLike"})
+
+
+def _zeros(value: ir.Value, depth: int = 6) -> bool:
+    """A constant of zeros, or one broadcast, reshaped or cast."""
+    const = constant_array(value, max_size=1 << 16)
+    if const is not None:
+        return _is_number(const) and not np.any(const.astype(np.float64))
+    node = value.producer()
+    if node is None or depth == 0 or node.domain not in ("", "ai.onnx"):
+        return False
+    return (
+        node.op_type in _FILLS
+        and bool(node.inputs)
+        and node.inputs[0] is not None
+        and (_zeros(node.inputs[0], depth - 1))
+    )
+
+
+def _no_wider_than(b: ir.Value, a: ir.Value) -> bool:
+    """Whether ``b`` broadcasts against ``a`` without growing it: no more dims, each 1 or a's."""
+    if b.shape is None or a.shape is None or len(b.shape) > len(a.shape):
+        return False
+    a_dims = list(a.shape)[len(a.shape) - len(b.shape) :]
+    return all(d == 1 or _same_dim(d, e) for d, e in zip(list(b.shape), a_dims, strict=True))
 
 
 def _static_count(x: ir.Value, axis: int) -> int | None:

@@ -39,17 +39,18 @@ from .diagnose import read_outside, where
 from .report import Skip
 from .values import (
     FLOAT_TYPES,
-    constant_array,
+    constant_source,
     fits_normalized,
     one_plus_constant,
     rank,
+    reshaped_constant,
     squeezed,
 )
 
 # the ops a norm is made of, and Q/DQ (walked through to say that they round the chain)
 WALK_OPS = frozenset(
     {"Mul", "Div", "Reciprocal", "Sqrt", "Pow", "Add", "Cast", "CastLike", "Identity",
-     "QuantizeLinear", "DequantizeLinear"}
+     "QuantizeLinear", "DequantizeLinear", "Unsqueeze", "Reshape", "Expand"}
 )  # fmt: skip
 _DEPTH = 12  # ops from the statistic to the norm's output: Add, Sqrt, Reciprocal, Mul, Cast, Mul...
 _COEF_TOLERANCE = 4e-7  # 1/N folded in float32 (1/768, 1/√N) rounds: a few ulp of 1 is 1
@@ -138,12 +139,22 @@ def _factors(
     ms = term.ms if isinstance(term, Shifted) else term
     if ms.node is not stat:
         raise _Not()  # another norm further on
+    if ms.dropped:  # the least sure reason: a value further on may put the axes back
+        raise _Not(
+            f"{stat.op_type} with keepdims=0 does not broadcast back over the normalized axes"
+        )
     x_root = root(ms.x)
     xs = [(v, p) for v, p in read.leaves() if root(v) is x_root]
     others = [(v, p) for v, p in read.leaves() if root(v) is not x_root]
     if not xs:
         for v, p in others:
-            if p == 1 and ms.x.shape is not None and v.shape is not None and rank(v) == rank(ms.x):
+            if (
+                p == 1
+                and ms.x.shape is not None
+                and v.shape is not None
+                and rank(v) == rank(ms.x)
+                and constant_source(v) is None  # a weight [1, 1, H] met before x
+            ):
                 raise _Not(
                     f"the mean is over a different tensor ('{x_root.name}') than the one "
                     f"normalized ('{root(v).name}')",
@@ -175,7 +186,7 @@ def _weight(scale: ir.Value) -> np.ndarray | None:
     """The scale's values where it is a constant a coefficient can be folded into."""
     if scale.dtype not in FLOAT_TYPES:
         return None
-    return constant_array(scale)
+    return reshaped_constant(scale)
 
 
 def _input(value: ir.Value, read: Product, numerator: ir.Value, ms: MeanSquare) -> ir.Value:

@@ -39,6 +39,35 @@ def constant_array(value: ir.Value | None, *, max_size: int = _MAX_READ) -> np.n
     return None if tensor is None else np.asarray(tensor.numpy())
 
 
+def constant_source(value: ir.Value | None) -> ir.Value | None:
+    """The constant behind ``value``: itself, or the constant a Reshape, Unsqueeze or Squeeze
+    gives a static shape (jax2onnx writes a scale as Reshape(w[H], [1, 1, H])). Not read."""
+    if value is None or constant_tensor(value) is not None:
+        return value
+    node = value.producer()
+    if (
+        node is None
+        or node.domain not in DEFAULT_DOMAINS
+        or node.op_type not in ("Reshape", "Unsqueeze", "Squeeze")
+        or not node.inputs
+        or value.shape is None
+        or not all(isinstance(d, int) for d in value.shape)
+        or constant_tensor(node.inputs[0]) is None
+    ):
+        return None
+    return node.inputs[0]
+
+
+def reshaped_constant(value: ir.Value | None) -> np.ndarray | None:
+    """``value``'s constant contents in its shape, also through :func:`constant_source`."""
+    source = constant_source(value)
+    array = constant_array(source)
+    if array is None or source is value:
+        return array
+    shape = tuple(int(d) for d in value.shape)
+    return array.reshape(shape) if array.size == int(np.prod(shape)) else None
+
+
 def scalar(value: ir.Value | None) -> float | None:
     """A constant holding exactly one number, as a float; None otherwise."""
     array = constant_array(value, max_size=1)
@@ -93,7 +122,7 @@ def fits_normalized(
         and x_dims is not None
         and len(p_dims) <= len(x_dims)
         and leading_ones(param, limit) > 0
-        and (constant_tensor(param) is not None or one_plus_constant(param) is not None)
+        and (constant_source(param) is not None or one_plus_constant(param) is not None)
     )
     if limit is not None and len(p_dims) > limit and not squeezable:
         return (
@@ -135,7 +164,7 @@ def squeezed(param: ir.Value, n_axes: int | None) -> np.ndarray | None:
     drop or it is no constant. (The raise and absorb rules fold constants anyway; the source-form
     rules, which read no weight, drop the same dims with a Squeeze node: ``sources.Scale``.)"""
     drop = leading_ones(param, n_axes)
-    array = constant_array(param) if drop else None
+    array = reshaped_constant(param) if drop else None
     return None if array is None else array.reshape(array.shape[drop:])
 
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import jax2onnx
 import numpy as np
-from flax import nnx
+from flax import linen, nnx
 
 from .common import Entry, count_calls
 
@@ -96,3 +96,34 @@ def entries(seed: int = 0) -> Iterator[Entry]:
                 inputs={"x": [[BATCH, SEQ, HIDDEN], "float32"]},
                 opset=opset,
             )
+    yield from _two_axis_entries(seed)
+
+
+def _two_axis_entries(seed: int) -> Iterator[Entry]:
+    """Flax linen ``RMSNorm(reduction_axes=(-2, -1), feature_axes=-1)`` (a norm over heads and
+    head dims, a scale per head dim): jax2onnx takes the mean with keepdims=0 and puts the axes
+    back with a Reshape. Static batch only: with a dynamic one it sizes that Reshape from the
+    Shape of the mean, a reader outside the chain that keeps it unfused (docs/fusion.md)."""
+    shape = (BATCH, 4, HIDDEN // 4)
+    module = linen.RMSNorm(reduction_axes=(-2, -1), feature_axes=-1, epsilon=1e-6)
+    params = module.init(jax.random.PRNGKey(seed), jnp.ones(shape, jnp.float32))
+    rng = np.random.default_rng(seed)
+    params = jax.tree_util.tree_map(
+        lambda p: p + 0.1 * rng.standard_normal(p.shape).astype(np.float32), params
+    )
+    for opset in (18, 23):
+        proto = jax2onnx.to_onnx(
+            lambda x: module.apply(params, x),
+            [shape],
+            opset=opset,
+            input_names=["x"],
+        )
+        yield Entry(
+            name=f"jax2onnx_linen_two_axes_op{opset}",
+            model=proto.SerializeToString(),
+            norms=1,
+            source=f"jax2onnx {version('jax2onnx')}, Flax linen.RMSNorm(reduction_axes=(-2, -1), "
+            f"feature_axes=-1), JAX {jax.__version__}",
+            inputs={"x": [list(shape), "float32"]},
+            opset=opset,
+        )
