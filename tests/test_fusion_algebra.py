@@ -578,3 +578,76 @@ def test_our_norm_absorbs_one_plus_w_whose_one_has_the_leading_dims(one_shape) -
     x = _feed()
     np.testing.assert_allclose(run(fused, {"x": x})[0], rms_norm(x, c + 1, epsilon=EPS),
                                rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+# -- degenerate factors: what folds must be exact for every input
+
+
+def _root(b: Builder) -> str:
+    """√(mean(x²) + ε) of "x"."""
+    return b.op("Sqrt", b.op("Add", b.reduce("ReduceMean", b.square("x")), b.const(EPS)))
+
+
+@pytest.mark.parametrize("factor", [float("nan"), float("inf"), 0.0])
+def test_a_factor_that_is_not_a_finite_nonzero_number_is_kept(factor: float) -> None:
+    """x / (√… · c): a NaN was read as 1 and dropped; 0 crashed the pass (0 to the power -1)."""
+    b = Builder(Spelling(mean="mean-mul"))
+    y = b.op("Div", "x", b.op("Mul", _root(b), b.const(factor)))
+    x = _feed()
+    with np.errstate(all="ignore"):
+        model = b.model(y)
+    fused, report = fuse(model)
+    assert report.fused_count == 0, report.summary(verbose=True)
+    np.testing.assert_array_equal(run(fused, {"x": x})[0], run(model, {"x": x})[0])
+
+
+def test_a_tensor_divided_by_itself_is_not_cancelled() -> None:
+    """x·g / (g·√…) is NaN where the activation g is 0 or ±inf: not RMSNorm(x)."""
+    b = Builder(Spelling(mean="mean-mul"))
+    y = b.op("Div", b.op("Mul", "x", "g"), b.op("Mul", "g", _root(b)))
+    model = b.model(y)
+    model.graph.input.append(helper.make_tensor_value_info("g", TensorProto.FLOAT, list(SHAPE)))
+    g = np.ones(SHAPE, np.float32)
+    g[..., 2], g[0, 1, 5] = 0.0, np.inf
+    feeds = {"x": _feed(), "g": g}
+    fused, report = fuse(model)
+    assert report.fused_count == 0, report.summary(verbose=True)
+    np.testing.assert_array_equal(run(fused, feeds)[0], run(model, feeds)[0])
+
+
+def test_lp_normalization_of_a_zeroed_input_stays_zero() -> None:
+    """LpNormalization(x·0)·√N is 0 everywhere; the sign of c = 0 was read as -1."""
+    b = Builder(Spelling())
+    y = b.op("LpNormalization", b.op("Mul", "x", b.const(0.0)), axis=-1, p=2)
+    y = b.op("Mul", y, b.const(math.sqrt(N)))
+    w = (1 + 0.5 * np.random.default_rng(0).standard_normal(N)).astype(np.float32)
+    fused, _ = fuse(b.model(b.op("Mul", y, b.const(w))))  # a -1 would fold into w
+    assert not run(fused, {"x": _feed()})[0].any()
+
+
+@pytest.mark.parametrize("op", ["Mul", "Add"])
+def test_a_norm_times_or_plus_itself_is_no_scale_or_bias(op: str) -> None:
+    """n·n (n + n) with n over all of x's axes: n fits as a scale of its own norm, and taking
+    it crashed the pass (the node it replaced was still read)."""
+    b = Builder(Spelling(mean="mean-mul"))
+    n = b.op("Div", "x", _root(b))
+    model = b.model(b.op(op, n, n))
+    model.graph.input[0].type.tensor_type.shape.ClearField("dim")
+    model.graph.input[0].type.tensor_type.shape.dim.add().dim_value = N  # rank 1: all axes
+    model.graph.output[0].type.tensor_type.shape.ClearField("dim")
+    x = _feed()[0, 0]
+    fused, report = fuse(model)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    np.testing.assert_allclose(run(fused, {"x": x})[0], run(model, {"x": x})[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("other", ["Identity", "Cast"])
+def test_x_times_an_exact_copy_of_x_is_its_square(other: str) -> None:
+    b = Builder(Spelling())
+    copy = b.op(other, "x", **({"to": TensorProto.FLOAT} if other == "Cast" else {}))
+    ms = b.reduce("ReduceMean", b.op("Mul", "x", copy))
+    y = b.op("Div", "x", b.op("Sqrt", b.op("Add", ms, b.const(EPS))))
+    fused, report = fuse(b.model(y))
+    assert report.fused_count == 1, report.summary(verbose=True)
+    x = _feed()
+    np.testing.assert_allclose(run(fused, {"x": x})[0], rms_norm(x, epsilon=EPS), rtol=1e-5)

@@ -24,7 +24,7 @@ from fractions import Fraction
 import numpy as np
 import onnx_ir as ir
 
-from .values import constant_array, rank
+from .values import constant_array, rank, same_dim
 
 # the opset at which each reduction's axes moved from an attribute to an input
 AXES_INPUT_SINCE = {"ReduceSum": 13}
@@ -76,7 +76,8 @@ Term = ir.Value | MeanSquare | Shifted
 
 
 def term_key(term: Term) -> tuple[object, ...]:
-    return ("leaf", id(term)) if isinstance(term, ir.Value) else term.key()
+    """Equal values, one key: a tensor under Identity and exact Casts is the tensor."""
+    return ("leaf", id(root(term))) if isinstance(term, ir.Value) else term.key()
 
 
 @dataclasses.dataclass
@@ -91,6 +92,7 @@ class Product:
     const_ndim: int = 0  # most dims of a folded constant (it could broadcast x up)
     narrowest: int = 9  # lowest float precision a Cast inside the chain rounds to
     spelling: dict[str, str] = dataclasses.field(default_factory=dict)  # for the report's label
+    cancelled: str = ""  # a tensor divided by itself: g/g is NaN where g is 0 or ±inf, not 1
 
     @staticmethod
     def leaf(value: ir.Value) -> Product:
@@ -102,11 +104,14 @@ class Product:
 
     def times(self, other: Product, exponent: Fraction = Fraction(1)) -> Product:
         out = self.copy()
-        out.coef *= other.coef ** float(exponent)
+        out.coef *= _power(other.coef, exponent)
+        out.cancelled = self.cancelled or other.cancelled
         for key, (term, e) in other.powers.items():
             old = out.powers.get(key, (term, Fraction(0)))[1]
             if old + e * exponent == 0:
                 out.powers.pop(key, None)
+                if isinstance(term, ir.Value) and old != 0:
+                    out.cancelled = out.cancelled or term.name or "a tensor"
             else:
                 out.powers[key] = (term, old + e * exponent)
         out.interior.update(other.interior)
@@ -117,7 +122,7 @@ class Product:
         return out
 
     def power(self, exponent: Fraction) -> Product:
-        return Product(interior=dict(self.interior)).times(self, exponent)
+        return Product(interior=dict(self.interior), cancelled=self.cancelled).times(self, exponent)
 
     def copy(self) -> Product:
         return dataclasses.replace(
@@ -135,6 +140,16 @@ class Product:
 
     def leaves(self) -> list[tuple[ir.Value, Fraction]]:
         return [(t, e) for t, e in self.terms() if isinstance(t, ir.Value)]
+
+
+def _power(coef: float, exponent: Fraction) -> float:
+    """coef ** exponent in floats: 0 to a negative power is inf, an overflow inf, not errors."""
+    try:
+        return coef ** float(exponent)
+    except ZeroDivisionError:
+        return math.inf
+    except OverflowError:
+        return math.inf if coef > 0 or exponent.denominator != 1 else math.nan
 
 
 @dataclasses.dataclass
@@ -451,7 +466,7 @@ class Reader:
         if shape is None or x_shape is None or len(shape) != x_rank:
             return False
         lead = list(zip(list(shape)[: ms.axis], list(x_shape)[: ms.axis], strict=True))
-        return all(d == 1 for d in list(shape)[ms.axis :]) and all(_same_dim(a, b) for a, b in lead)
+        return all(d == 1 for d in list(shape)[ms.axis :]) and all(same_dim(a, b) for a, b in lead)
 
     # -- the statistics: means of squares
     def _square_of(self, node: ir.Node, depth: int) -> tuple[ir.Value, float] | Miss | None:
@@ -562,6 +577,8 @@ class Reader:
         y, c, read = found
         if node.attributes.get_int("p", 2) != 2:
             return Miss("LpNormalization with p other than 2 is not a root mean square", node)
+        if not (math.isfinite(c) and c != 0):  # a zero (or NaN) row stays zero (or NaN)
+            return Product.leaf(value)
         axis = node.attributes.get_int("axis", -1)
         r = rank(y)
         if axis != -1 and (r is None or axis != r - 1):
@@ -662,16 +679,9 @@ def _no_wider(value: ir.Value, ms: MeanSquare) -> bool:
         return False
     first = len(x_shape) + ms.axis if ms.axis < 0 else 0
     dims = list(zip(list(shape), list(x_shape), strict=True))
-    return all(_same_dim(d, x) for d, x in dims[:first]) and all(
-        d == 1 or _same_dim(d, x) for d, x in dims[first:]
+    return all(same_dim(d, x) for d, x in dims[:first]) and all(
+        d == 1 or same_dim(d, x) for d, x in dims[first:]
     )
-
-
-def _same_dim(a: object, b: object) -> bool:
-    """Equal dims: the same number, or the same named symbol."""
-    if isinstance(a, int) or isinstance(b, int):
-        return a == b
-    return a is not None and b is not None and str(a) == str(b) and bool(str(a))
 
 
 _FILLS = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Cast", "CastLike"})
@@ -698,7 +708,7 @@ def _no_wider_than(b: ir.Value, a: ir.Value) -> bool:
     if b.shape is None or a.shape is None or len(b.shape) > len(a.shape):
         return False
     a_dims = list(a.shape)[len(a.shape) - len(b.shape) :]
-    return all(d == 1 or _same_dim(d, e) for d, e in zip(list(b.shape), a_dims, strict=True))
+    return all(d == 1 or same_dim(d, e) for d, e in zip(list(b.shape), a_dims, strict=True))
 
 
 def _static_count(x: ir.Value, axis: int) -> int | None:

@@ -165,6 +165,8 @@ class AbsorbScale(pattern.RewriteRuleClassBase):
         f = Fused.of(normed)
         if f.inputs[1] is not None or f.inputs[2] is not None:
             return result.fail("the norm already has a scale or bias", f.node)
+        if w is normed:
+            return result.fail("scale Mul: the norm times itself", f.node)
         why = fits_normalized(w, f.inputs[0], _normalized_axes(f.node), squeeze=True)
         if why is not None:
             return result.fail(f"scale Mul: {why}", w)
@@ -200,6 +202,8 @@ class AbsorbBias(pattern.RewriteRuleClassBase):
         f = Fused.of(normed)
         if f.inputs[2] is not None:
             return result.fail("the norm already has a bias", f.node)
+        if b is normed:
+            return result.fail("bias Add: the norm plus itself", f.node)
         why = fits_normalized(b, f.inputs[0], _normalized_axes(f.node), squeeze=True)
         if why is not None:
             return result.fail(f"bias Add: {why}", b)

@@ -15,6 +15,7 @@ specific reason met on the way.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
@@ -174,6 +175,10 @@ def _factors(
         names = ", ".join(f"'{v.name}'" for v, _ in others)
         raise _Not(f"more than one factor besides x ({names})", _SHAPE)
     scale = others[0][0] if others else None
+    if read.cancelled:
+        raise _Not(f"'{read.cancelled}' divides itself: NaN where it is 0 or infinite", _SURE)
+    if not math.isfinite(read.coef) or read.coef == 0:
+        raise _Not(f"the result is {read.coef:g} times an RMSNorm", _SURE)
     if abs(read.coef - 1.0) > _COEF_TOLERANCE and (scale is None or _weight(scale) is None):
         why = f"the result is {read.coef:.6g} times an RMSNorm"
         if read.spelling.get("mean") == "ReduceSum":

@@ -140,7 +140,7 @@ def fits_normalized(
 
             proof = proof or Dims()  # the number from how the graph computes the dim
             xd = next((t for t in proof.tokens(x, -j) if isinstance(t, int)), xd)
-        if xd is None or not _same_dim(pd, xd):
+        if xd is None or not same_dim(pd, xd):
             return (
                 f"cannot prove '{param.name}' of shape {_shape_text(p_dims)} matches the "
                 f"normalized dims of {_shape_text(x_dims)}"
@@ -168,7 +168,8 @@ def squeezed(param: ir.Value, n_axes: int | None) -> np.ndarray | None:
     return None if array is None else array.reshape(array.shape[drop:])
 
 
-def _same_dim(a: object, b: object) -> bool:
+def same_dim(a: object, b: object) -> bool:
+    """Equal dims: the same number, or the same named symbol (two unknown dims are not)."""
     if isinstance(a, int) and isinstance(b, int):
         return a == b
     if isinstance(a, ir.SymbolicDim) and isinstance(b, ir.SymbolicDim):
