@@ -191,3 +191,40 @@ def test_a_mean_left_without_its_axes_says_so() -> None:
     model = g.model(g.norm(_not_put_back(g), g.const(_weights(4))))
     _, report = fuse(model)
     assert "keepdims=0" in report.summary(verbose=True)
+
+
+def _dynamic_two_axis(g: Graph, shape_out: bool) -> str:
+    """jax2onnx's form with a dynamic batch: the Reshape back to [B, 1, 1] and the zeros x - 0
+    subtracts are sized from the Shape of the mean, a reader outside the chain that only feeds
+    the chain (``shape_out``: that shape is also a graph output, so it must stay)."""
+    total = g.op("ReduceSumSquare", "x", g.ints([1, 2]), keepdims=0)
+    ms = g.op("Div", total, g.const(32.0))
+    batch = g.op("Shape", ms)
+    if shape_out:
+        g.nodes.append(helper.make_node("Identity", [batch], ["batch"]))
+    target = g.op("Concat", batch, g.ints([1]), g.ints([1]), axis=0)
+    zeros = g.op("Expand", g.const(np.zeros((1, 1, 1))), target)
+    centred = g.op("Sub", "x", zeros)
+    ms = g.op("Reshape", ms, target)
+    inv = g.op("Div", g.const(1.0), g.op("Sqrt", g.op("Add", ms, g.const(1e-6))))
+    return g.op("Mul", centred, g.op("Mul", inv, g.const(_weights(8))))
+
+
+@pytest.mark.parametrize("shape_out", [False, True], ids=["feeds-the-chain", "graph-output"])
+def test_a_reader_of_the_mean_that_only_feeds_the_chain_goes_with_it(shape_out: bool) -> None:
+    g = Graph(("B", 4, 8))
+    model = g.model(_dynamic_two_axis(g, shape_out))
+    if shape_out:
+        model.graph.output.append(helper.make_tensor_value_info("batch", TensorProto.INT64, [1]))
+    x = _x((3, 4, 8))
+    before = run(model, {"x": x})
+    fused, report = fuse(model)
+    assert report.fused_count == (0 if shape_out else 1), report.summary(verbose=True)
+    after = run(fused, {"x": x})
+    np.testing.assert_allclose(after[0], rms_norm(x, _weights(8), epsilon=1e-6, axis=-2),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    if shape_out:
+        assert "also used by Shape" in report.summary(verbose=True)
+        np.testing.assert_array_equal(after[1], before[1])
+    else:
+        assert [n.op_type for n in fused.graph.node if n.op_type != "Constant"] == ["RMSNorm"]

@@ -233,8 +233,51 @@ def _input_of_type(numerator: ir.Value, dtype: ir.DataType | None) -> ir.Value |
 
 
 def other_use(norm: Norm) -> str | None:
-    """Why the chain cannot go: an intermediate is read elsewhere, or is a graph output."""
+    """Why the chain cannot go: an intermediate is read elsewhere, or is a graph output.
+    Readers that only feed the chain itself go with it (added to ``norm.interior``): jax2onnx
+    sizes the broadcast of a dynamic-batch mean from the Shape of the mean."""
+    why = read_outside(norm.interior, norm.value)
+    if why is None:
+        return None
+    feeders = _feeders(norm.interior, norm.value)
+    made = {v for n in feeders or () for v in n.outputs}
+    if feeders is None or norm.x in made or norm.scale in made:  # the new node reads those
+        return why
+    norm.interior = [*norm.interior, *feeders]
     return read_outside(norm.interior, norm.value)
+
+
+_MAX_FEEDERS = 16
+
+
+def _feeders(interior: list[ir.Node], result: ir.Value) -> list[ir.Node] | None:
+    """The nodes outside ``interior`` that read its values and whose every output is read by
+    ``interior`` or by one another only (no graph output, no subgraph), or None."""
+    inside = set(interior)
+    found: dict[ir.Node, None] = {}
+    todo = [
+        c
+        for n in interior
+        for v in n.outputs
+        if v is not result
+        for c in v.consumers()
+        if c not in inside
+    ]
+    while todo:
+        node = todo.pop()
+        if node in found or node in inside:
+            continue
+        if len(found) == _MAX_FEEDERS or node.graph is not interior[0].graph:
+            return None
+        if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+               for a in node.attributes.values()):  # fmt: skip
+            return None
+        found[node] = None
+        for value in node.outputs:
+            if value.is_graph_output():
+                return None
+            todo.extend(c for c in value.consumers() if c not in inside and c not in found)
+    return list(found)
 
 
 def reach(stat: ir.Node) -> list[ir.Value]:

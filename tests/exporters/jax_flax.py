@@ -102,8 +102,7 @@ def entries(seed: int = 0) -> Iterator[Entry]:
 def _two_axis_entries(seed: int) -> Iterator[Entry]:
     """Flax linen ``RMSNorm(reduction_axes=(-2, -1), feature_axes=-1)`` (a norm over heads and
     head dims, a scale per head dim): jax2onnx takes the mean with keepdims=0 and puts the axes
-    back with a Reshape. Static batch only: with a dynamic one it sizes that Reshape from the
-    Shape of the mean, a reader outside the chain that keeps it unfused (docs/fusion.md)."""
+    back with a Reshape, which with a dynamic batch it sizes from the Shape of the mean."""
     shape = (BATCH, 4, HIDDEN // 4)
     module = linen.RMSNorm(reduction_axes=(-2, -1), feature_axes=-1, epsilon=1e-6)
     params = module.init(jax.random.PRNGKey(seed), jnp.ones(shape, jnp.float32))
@@ -114,7 +113,7 @@ def _two_axis_entries(seed: int) -> Iterator[Entry]:
     for opset in (18, 23):
         proto = jax2onnx.to_onnx(
             lambda x: module.apply(params, x),
-            [shape],
+            [("B", *shape[1:])],
             opset=opset,
             input_names=["x"],
         )
