@@ -5,10 +5,16 @@ and any module whose class name says RMSNorm (LlamaRMSNorm, Qwen2/3RMSNorm, Mist
 Phi3RMSNorm, GemmaRMSNorm, Gemma2/3RMSNorm, ...) or ``T5LayerNorm``, holding a ``weight`` and an
 epsilon (``variance_epsilon``, ``eps`` or ``epsilon``). Which arithmetic a layer does is not
 guessed from its name alone: each candidate variant (LLaMA's ``w * cast(x_f32 * rsqrt(...))``,
-Gemma's ``cast(x_f32 * rsqrt(...) * (1 + w))``) is run beside the original on a probe input, and
-the first that matches bit for bit is taken (else the first within the dtype's tolerance; else the
-layer is left alone and the report says why). The new layers share the original ``Parameter``
-objects, so training and ``state_dict`` keys are unchanged.
+Gemma's ``cast(x_f32 * rsqrt(...) * (1 + w))``, OLMo's ``cast(x_f32 * rsqrt(...) * w)``) is run
+beside the original on a probe input, with random weights put in for the probe (a fresh model's
+ones or zeros cannot tell ``RMSNorm(x) * (1 + w)`` from ``RMSNorm(x * (1 + w))``), and the first
+that matches bit for bit is taken (else the first within the dtype's tolerance; else the layer
+is left alone and the report says why). A layer whose forward takes more than the input (a
+gate) is left alone. The new layers share the original ``Parameter`` objects, so training and
+``state_dict`` keys are unchanged.
+
+T5 copies named ``...LayerNorm`` (SwitchTransformers, Pop2Piano, UDOP) are probed too; those
+that are true LayerNorms match no variant and are left alone without a word.
 
 Outputs are bitwise identical for the LLaMA family (Llama, Mistral, Qwen2/3, Phi3, T5 with the
 weight in the input's type), the Gemma family and ``torch.nn.RMSNorm``; a layer whose arithmetic
@@ -20,11 +26,14 @@ report notes each layer where that is so.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import inspect
 import logging
 import re
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -38,12 +47,14 @@ __all__ = ["PatchReport", "Skipped", "Swapped", "find_foreign_rmsnorms", "patch"
 _log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"rms_?norm|T5LayerNorm", re.IGNORECASE)
+_MAYBE = re.compile(r"LayerNorm$")  # T5's copies; probed, and skipped silently if no match
 _EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
 _SIZE_ATTRS = ("hidden_size", "dim", "normalized_shape")
 
 # (label, RMSNorm keyword arguments) of the arithmetic families found in the wild.
 _LLAMA = ("llama", {"weight_offset": 0.0, "cast_before_scale": True})
 _GEMMA = ("gemma", {"weight_offset": 1.0, "cast_before_scale": False})
+_OLMO = ("scale then cast", {"weight_offset": 0.0, "cast_before_scale": False})
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,8 @@ def patch_report(model: nn.Module, *, inplace: bool = True) -> PatchReport:
     for name, m in find_foreign_rmsnorms(model):
         new, variant, exact_or_reason = _convert(m)
         if new is None:
+            if not _NAME.search(type(m).__name__) and not isinstance(m, nn.RMSNorm):
+                continue  # a ...LayerNorm that is one: nothing to say
             report.skipped.append(Skipped(name, type(m).__name__, str(exact_or_reason)))
             continue
         new.train(m.training)
@@ -136,7 +149,8 @@ def _looks_like_rmsnorm(m: nn.Module) -> bool:
         return False
     if isinstance(m, nn.RMSNorm):
         return True
-    if not _NAME.search(type(m).__name__):
+    name = type(m).__name__
+    if not _NAME.search(name) and not (_MAYBE.search(name) and not isinstance(m, nn.LayerNorm)):
         return False
     weight = getattr(m, "weight", None)
     has_eps = any(isinstance(getattr(m, a, None), (int, float)) for a in _EPS_ATTRS)
@@ -146,13 +160,19 @@ def _looks_like_rmsnorm(m: nn.Module) -> bool:
 def _convert(m: nn.Module) -> tuple[RMSNorm | None, str, bool | str]:
     """(new layer, variant, bitwise?) or (None, '', why not)."""
     weight = getattr(m, "weight", None)
+    extra = _more_than_the_input(m)
+    if extra:
+        return None, "", f"its forward takes more than the input ({', '.join(extra)})"
+    if weight is not None and not isinstance(weight, nn.Parameter):
+        return None, "", "its weight is a buffer, not a Parameter: nothing to share"
     if isinstance(m, nn.RMSNorm):
         candidates = [("torch.nn.RMSNorm", {"eps": m.eps, "rsqrt": True})]  # same bits
         shape: tuple[int, ...] = tuple(m.normalized_shape)
         affine = m.elementwise_affine
     else:
         eps = next(float(getattr(m, a)) for a in _EPS_ATTRS if hasattr(m, a))
-        families = [_GEMMA, _LLAMA] if "gemma" in type(m).__name__.lower() else [_LLAMA, _GEMMA]
+        gemma = "gemma" in type(m).__name__.lower()
+        families = [_GEMMA, _LLAMA, _OLMO] if gemma else [_LLAMA, _OLMO, _GEMMA]
         if weight is None:
             families = [("no weight", {})]
         candidates = [(label, {"eps": eps, "rsqrt": True, **kw}) for label, kw in families]
@@ -172,19 +192,21 @@ def _convert(m: nn.Module) -> tuple[RMSNorm | None, str, bool | str]:
     device = weight.device if weight is not None else None
     dtype = weight.dtype if weight is not None and weight.is_floating_point() else torch.float32
     probe = _probe_input(shape, device, dtype)
+    news = []
+    for _, kwargs in candidates:
+        new = RMSNorm(shape, elementwise_affine=affine, device=device, dtype=dtype, **kwargs)
+        if weight is not None:
+            new.weight = weight  # share the Parameter: same storage, same state_dict entry
+        news.append(new)
     try:
-        with torch.no_grad():
+        with _random_weight(weight):
             expected = m(probe)
+            outs = [new(probe) for new in news]
     except Exception as e:
         return None, "", f"forward(x) failed on a probe input ({type(e).__name__}: {e})"
     best: tuple[RMSNorm, str] | None = None
     worst_diff = float("inf")
-    for label, kwargs in candidates:
-        new = RMSNorm(shape, elementwise_affine=affine, device=device, dtype=dtype, **kwargs)
-        if weight is not None:
-            new.weight = weight  # share the Parameter: same storage, same state_dict entry
-        with torch.no_grad():
-            got = new(probe)
+    for (label, _), new, got in zip(candidates, news, outs, strict=True):
         if got.shape != expected.shape or got.dtype != expected.dtype:
             continue
         if torch.equal(got, expected):
@@ -201,6 +223,34 @@ def _convert(m: nn.Module) -> tuple[RMSNorm | None, str, bool | str]:
         "",
         (f"its output matches no RMSNorm variant we know (closest max abs diff {worst_diff:.3g})"),
     )
+
+
+def _more_than_the_input(m: nn.Module) -> list[str]:
+    """The parameters of ``m.forward`` after the input (a gate: the call would pass it to ours
+    as the residual)."""
+    try:
+        params = list(inspect.signature(m.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the probe decides
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params[1:] if p.kind in (*kinds, inspect.Parameter.VAR_POSITIONAL)]
+
+
+@contextlib.contextmanager
+def _random_weight(weight: torch.Tensor | None) -> Iterator[None]:
+    """No autograd, and random values in ``weight`` (in place, restored after) for the probe."""
+    with torch.no_grad():
+        saved = None
+        if weight is not None and weight.is_floating_point():
+            saved = weight.detach().clone()
+            gen = torch.Generator(device=weight.device).manual_seed(4321)
+            noise = torch.randn(weight.shape, generator=gen, device=weight.device)
+            weight.copy_((0.5 + 0.5 * noise.abs()).to(weight.dtype))
+        try:
+            yield
+        finally:
+            if saved is not None:
+                weight.copy_(saved)
 
 
 def _type_note(old: nn.Module, new: RMSNorm) -> str:

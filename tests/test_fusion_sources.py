@@ -333,3 +333,35 @@ def test_fitting_a_scale_with_leading_ones_reads_no_weight(tmp_path) -> None:
     assert fits_normalized(scale, x, 1, squeeze=True) is None
     activation = ir.Value(name="a", shape=ir.Shape([1, 1, 16]))  # no constant: dims kept
     assert "broadcasts over axes outside" in fits_normalized(activation, x, 1, squeeze=True)
+
+
+@pytest.mark.parametrize("fill", [1.0, 2.0])
+def test_a_scale_of_ones_the_size_of_x_is_no_scale(fill: float) -> None:
+    """torch writes nn.RMSNorm(elementwise_affine=False) at opset 23 as RMSNormalization(x,
+    ConstantOfShape(Shape(x)) of ones): a scale as wide as X, which the op cannot take, but
+    ones are no scale. Twos stay (they would be a scale over the batch dims too)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node(
+            "ConstantOfShape",
+            ["shape"],
+            ["ones"],
+            value=numpy_helper.from_array(np.array([fill], np.float32), "value"),
+        ),
+        helper.make_node(RMSN, ["x", "ones"], ["y"], epsilon=1e-5),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", F32, ["b", "s", 16])],
+        [helper.make_tensor_value_info("y", F32, ["b", "s", 16])],
+    )
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    fused, report = fuse(original)
+    x = np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32)
+    if fill != 1.0:
+        assert not _ours(fused) and report.skipped, report.summary(verbose=True)
+        return
+    [node] = _ours(fused)
+    assert list(node.input) == ["x"], node  # no scale input
+    np.testing.assert_allclose(run(fused, {"x": x})[0], rms_norm(x, epsilon=1e-5), rtol=1e-5)

@@ -24,7 +24,7 @@ from fractions import Fraction
 import numpy as np
 import onnx_ir as ir
 
-from .values import constant_array, rank, same_dim
+from .values import constant_array, filled_with, no_wider_than, rank, same_dim
 
 # the opset at which each reduction's axes moved from an attribute to an input
 AXES_INPUT_SINCE = {"ReduceSum": 13}
@@ -312,7 +312,7 @@ class Reader:
     def _op_Sub(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
         """a - 0 is a (Flax's RMSNorm subtracts a mean of zeros, jax2onnx writes it out)."""
         a, b = (*node.inputs, None, None)[:2]
-        if a is not None and b is not None and _zeros(b) and _no_wider_than(b, a):
+        if a is not None and b is not None and filled_with(b, 0.0) and no_wider_than(b, a):
             return self.read(a, depth)
         return self._leaf_unless_part(node, value, depth)
 
@@ -682,33 +682,6 @@ def _no_wider(value: ir.Value, ms: MeanSquare) -> bool:
     return all(same_dim(d, x) for d, x in dims[:first]) and all(
         d == 1 or same_dim(d, x) for d, x in dims[first:]
     )
-
-
-_FILLS = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Cast", "CastLike"})
-
-
-def _zeros(value: ir.Value, depth: int = 6) -> bool:
-    """A constant of zeros, or one broadcast, reshaped or cast."""
-    const = constant_array(value, max_size=1 << 16)
-    if const is not None:
-        return _is_number(const) and not np.any(const.astype(np.float64))
-    node = value.producer()
-    if node is None or depth == 0 or node.domain not in ("", "ai.onnx"):
-        return False
-    return (
-        node.op_type in _FILLS
-        and bool(node.inputs)
-        and node.inputs[0] is not None
-        and (_zeros(node.inputs[0], depth - 1))
-    )
-
-
-def _no_wider_than(b: ir.Value, a: ir.Value) -> bool:
-    """Whether ``b`` broadcasts against ``a`` without growing it: no more dims, each 1 or a's."""
-    if b.shape is None or a.shape is None or len(b.shape) > len(a.shape):
-        return False
-    a_dims = list(a.shape)[len(a.shape) - len(b.shape) :]
-    return all(d == 1 or same_dim(d, e) for d, e in zip(list(b.shape), a_dims, strict=True))
 
 
 def _static_count(x: ir.Value, axis: int) -> int | None:

@@ -21,7 +21,14 @@ from .. import op_schema
 from ..op_schema import MS_DOMAIN, ORT_SKIP_NORM
 from .canonical import SOURCE_TAG, is_canonical
 from .patterns import emit
-from .values import FLOAT_TYPES, default_opset, fits_normalized, leading_ones
+from .values import (
+    FLOAT_TYPES,
+    default_opset,
+    filled_with,
+    fits_normalized,
+    leading_ones,
+    no_wider_than,
+)
 
 # op type -> (domain, default epsilon)
 NORMS = {op_schema.ONNX_NORM: ("", 1e-5), op_schema.ORT_NORM: ("", 1e-5)}
@@ -33,13 +40,16 @@ class StandardNorm(pattern.RewriteRuleClassBase):
     """RMSNormalization / SimplifiedLayerNormalization(X, scale) -> RMSNorm(X, scale).
 
     Y takes the scale's type there: a half X with a float32 scale is cast up first (the ops
-    compute in float32 anyway, so this is exact); the other mixes are left alone.
+    compute in float32 anyway, so this is exact); the other mixes are left alone. A scale of
+    ones no wider than X (torch writes ``nn.RMSNorm(elementwise_affine=False)`` at opset 23 as
+    ConstantOfShape(Shape(x)) of ones) is no scale.
     """
 
     def __init__(self, op_type: str) -> None:
         super().__init__(name=op_type)
         self.op_type, (self.domain, self.default_eps) = op_type, NORMS[op_type]
         self._cast_x = False
+        self._ones = False
         self._scale = Scale()
 
     def pattern(self, op, x, scale):
@@ -61,7 +71,12 @@ class StandardNorm(pattern.RewriteRuleClassBase):
                 f"{self.op_type}: X is {x.dtype.name}, the scale {why} (Y takes the scale's type)",
                 scale,
             )
-        misfit = self._scale.check(context, scale, x, node.attributes.get_int("axis", -1))
+        self._ones = filled_with(scale, 1.0) and no_wider_than(scale, x)
+        misfit = (
+            None
+            if self._ones
+            else self._scale.check(context, scale, x, node.attributes.get_int("axis", -1))
+        )
         if misfit is not None:
             return result.fail(f"{self.op_type}: {misfit}", scale)
         return result
@@ -76,7 +91,8 @@ class StandardNorm(pattern.RewriteRuleClassBase):
             x_shape = x.shape
             x = op.Cast(x, to=ir.DataType.FLOAT)
             x.dtype, x.shape = ir.DataType.FLOAT, x_shape  # the absorb rules read them
-        return emit(op, [x, self._scale.squeezed(op, scale)], attrs, None, self.op_type)
+        inputs = [x] if self._ones else [x, self._scale.squeezed(op, scale)]
+        return emit(op, inputs, attrs, None, self.op_type)
 
 
 class SkipSimplified(pattern.RewriteRuleClassBase):

@@ -168,6 +168,40 @@ def squeezed(param: ir.Value, n_axes: int | None) -> np.ndarray | None:
     return None if array is None else array.reshape(array.shape[drop:])
 
 
+_FILLS = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Cast", "CastLike"})
+
+
+def filled_with(value: ir.Value, number: float, depth: int = 6) -> bool:
+    """Whether every element of ``value`` is ``number``: a constant, a ConstantOfShape, or one
+    of them broadcast, reshaped or cast (torch writes RMSNormalization's missing scale as
+    ConstantOfShape(Shape(x)) of ones; jax2onnx a mean it does not subtract as zeros)."""
+    array = constant_array(value, max_size=1 << 16)
+    node = value.producer()
+    if (
+        array is None
+        and node is not None
+        and node.op_type == "ConstantOfShape"
+        and (node.domain in DEFAULT_DOMAINS)
+    ):
+        fill = node.attributes.get("value")
+        array = np.zeros(1) if fill is None else np.asarray(fill.as_tensor().numpy())
+    if array is not None:
+        numeric = array.dtype.kind in "fiu" or array.dtype.name in ("bfloat16", "float16")
+        return numeric and bool(np.all(array.astype(np.float64) == number))
+    if node is None or depth == 0 or node.domain not in DEFAULT_DOMAINS:
+        return False
+    first = node.inputs[0] if node.inputs else None
+    return node.op_type in _FILLS and first is not None and filled_with(first, number, depth - 1)
+
+
+def no_wider_than(b: ir.Value, a: ir.Value) -> bool:
+    """Whether ``b`` broadcasts against ``a`` without growing it: no more dims, each 1 or a's."""
+    if b.shape is None or a.shape is None or len(b.shape) > len(a.shape):
+        return False
+    a_dims = list(a.shape)[len(a.shape) - len(b.shape) :]
+    return all(d == 1 or same_dim(d, e) for d, e in zip(list(b.shape), a_dims, strict=True))
+
+
 def same_dim(a: object, b: object) -> bool:
     """Equal dims: the same number, or the same named symbol (two unknown dims are not)."""
     if isinstance(a, int) and isinstance(b, int):
