@@ -521,3 +521,33 @@ def test_standard_raises_the_opset_under_plain_ops_it_fell_back_to() -> None:
     inputs = feeds(inside)
     want = [*expected(inside, inputs), *expected(outside, inputs)]
     assert_close(run_ort(lowered, inputs), want, np.float32)
+
+
+@pytest.mark.parametrize("target", ["decomposed", "contrib", "standard", "custom"])
+def test_value_info_of_values_no_node_makes_is_not_given_to_new_ones(target: str) -> None:
+    """onnxruntime's transformers optimizer leaves value_info for values it removed (``val_N``,
+    float16 after its float16 converter); the lowering may name a new float32 intermediate so,
+    and that stale type, written back by name, made a file onnxruntime refused."""
+    from rmsnorm_onnx.fusion import fuse
+    from rmsnorm_onnx.runtime import session
+
+    stale = [
+        helper.make_tensor_value_info(f"val_{i}", TensorProto.FLOAT16, ["b", "s", 1])
+        for i in range(40)
+    ]
+    w = np.linspace(0.5, 1.5, 8).astype(np.float16)
+    graph = helper.make_graph(
+        [helper.make_node(op_schema.ORT_NORM, ["x", "w"], ["y"], axis=-1, epsilon=1e-6)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["b", "s", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["b", "s", 8])],
+        [numpy_helper.from_array(w, "w")],
+        value_info=stale,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    fused, report = fuse(model, target=target, function_bodies=False)
+    assert sum(report.converted.values()) == 1, report.summary(verbose=True)
+    sess = session(onnx_io.serialize(fused))
+    x = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float16)
+    want = rms_norm(x, w, epsilon=1e-6)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=2e-3, atol=2e-3)

@@ -246,3 +246,21 @@ def test_standard_never_lowers_an_opset_at_or_above_23(version: int) -> None:
     onnx.checker.check_model(lowered, full_check=True)
     inputs = feeds_canonical(case)
     assert_close(run(lowered, inputs), expected_canonical(case, inputs), np.float32)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_our_domain_imported_at_onnxruntimes_1000_fuses(target: str, fused_library) -> None:
+    """onnxruntime saves a model it optimized in a process where our library is registered with
+    an import of our domain at version 1000 and no node of it: the rewriter refused to add ours
+    beside that ("Multiple versions of opset rmsnorm_onnx"), for every target."""
+    v = Variant()
+    model = build(v)
+    model.opset_import.append(helper.make_opsetid(op_schema.DOMAIN, 1000))
+    fused, report = fuse(model, target=target)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    ours = [o.version for o in fused.opset_import if o.domain == op_schema.DOMAIN]
+    assert ours in ([], [op_schema.VERSION])
+    inputs = feeds(v)
+    rtol, atol = tolerance(v.dtype)
+    got = run(fused, inputs)[0].astype(np.float64)
+    np.testing.assert_allclose(got, expected(v, inputs), rtol=rtol, atol=atol)

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rmsnorm_onnx import onnx_io
 from rmsnorm_onnx.errors import RMSNormOnnxError
-from rmsnorm_onnx.fusion import fuse_file
+from rmsnorm_onnx.fusion import fuse, fuse_file
 from rmsnorm_onnx.fusion.verify import dim_sizes
 
 HIDDEN, HEADS, HEAD = 32, 2, 16
@@ -145,3 +145,39 @@ def test_verify_where_dims_of_other_names_must_agree(tmp_path: Path, fused_libra
     report = fuse_file(src, dst, verify=True)
     assert report.verified, report.summary(verbose=True)
     assert [n.op_type for n in onnx.load(dst).graph.node] == ["SkipRMSNorm"]
+
+
+@pytest.mark.parametrize("elem", [TensorProto.BOOL, TensorProto.INT64, TensorProto.FLOAT])
+def test_verify_feeds_a_0d_input_of_any_type(elem: int, fused_library: str) -> None:
+    """A 0-d bool (an If's condition as a graph input) was drawn as a NumPy scalar, which
+    onnxruntime refused: ``--verify`` failed on a valid file."""
+    branch_inputs = []
+    branches = {}
+    for name, eps in (("then_branch", 1e-5), ("else_branch", 1e-3)):
+        nodes = [
+            helper.make_node("Mul", ["x", "x"], [f"{name}_sq"]),
+            helper.make_node("ReduceMean", [f"{name}_sq", "axes"], [f"{name}_ms"]),
+            helper.make_node("Add", [f"{name}_ms", f"{name}_eps"], [f"{name}_mse"]),
+            helper.make_node("Sqrt", [f"{name}_mse"], [f"{name}_rt"]),
+            helper.make_node("Div", ["x", f"{name}_rt"], [f"{name}_y"]),
+        ]
+        inits = [numpy_helper.from_array(np.array(eps, np.float32), f"{name}_eps")]
+        out = helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)
+        branches[name] = helper.make_graph(nodes, name, branch_inputs, [out], inits)
+    cond = "c" if elem == TensorProto.BOOL else "c_bool"
+    nodes = [helper.make_node("If", [cond], ["y"], **branches)]
+    if elem != TensorProto.BOOL:
+        nodes.insert(0, helper.make_node("Cast", ["c"], ["c_bool"], to=TensorProto.BOOL))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8]),
+            helper.make_tensor_value_info("c", elem, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array([-1], np.int64), "axes")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    _, report = fuse(model, verify=True)
+    assert sum(report.fused.values()) == 2 and report.verified, report.summary(verbose=True)

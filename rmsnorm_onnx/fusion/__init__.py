@@ -152,6 +152,7 @@ def fuse(
         _refuse_non_utf8(proto, where)
         raise
     opset.one_default_import(model)  # "ai.onnx" is the default domain too: one name from here
+    opset.our_version(model)
     op_functions.remove(model)  # our ops' bodies: never raised; written afresh below if wanted
     if base_dir is not None:
         ir.external_data.set_base_dir(model.graph, base_dir)

@@ -189,6 +189,15 @@ def one_default_import(model: ir.Model) -> None:
             _set_default(container.opset_imports, found)
 
 
+def our_version(model: ir.Model) -> None:
+    """Import our domain at our ops' version: onnxruntime, saving a model it optimized in a
+    process where our library is registered, imports every custom domain at 1000, and the
+    rewriter then refuses to add our nodes beside that import."""
+    for container in containers(model):
+        if op_schema.DOMAIN in container.opset_imports:
+            container.opset_imports[op_schema.DOMAIN] = op_schema.VERSION
+
+
 def raise_opset(model: ir.Model, to: int = STANDARD_OPSET) -> None:
     """Set the default opset of the graph and functions below ``to`` to ``to``, rewriting the
     ops whose form changed (see :data:`_UPGRADES`); newer ones stay as they are."""

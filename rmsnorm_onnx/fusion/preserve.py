@@ -4,7 +4,9 @@ Matching runs on shapes onnx infers, but those stay internal: written back, they
 each other where a model reuses a name across subgraphs (optimum's merged decoder does, for a 1-D
 tensor in one If branch and a 3-D one in the other) and ORT then refuses the file. So each value
 gets back exactly the type and shape the input declared for it, or none; only the main graph's
-outputs, whose names are unique, keep what inference found.
+outputs, whose names are unique, keep what inference found. "It" is the value itself, not its
+name: optimizers leave value_info for values no node makes any more (onnxruntime's
+transformers optimizer), and a value the pass makes may be given such a name.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from .driver import containers
 ORT_MAX_IR_VERSION = 13
 
 Declared = dict[str, tuple[ir.TypeProtocol | None, ir.Shape | None]]
+# per value of the input (held, so that no new value can take its id): what was declared
+Kept = dict[int, tuple[ir.Value, ir.TypeProtocol | None, ir.Shape | None]]
 
 
 def _declared(infos) -> Declared:
@@ -33,13 +37,20 @@ def _graph_table(graph: onnx.GraphProto) -> Declared:
     return _declared([*graph.input, *graph.output, *graph.value_info])
 
 
-def snapshot(proto: onnx.ModelProto, model: ir.Model) -> dict[int, Declared]:
-    """What ``proto`` declared, per graph and function of ``model`` (its deserialized form, before
-    any rewrite), keyed by the id of the IR graph (a function's: its ``graph``)."""
-    tables: dict[int, Declared] = {}
+def _kept(table: Declared, graph: ir.Graph) -> Kept:
+    values = [*graph.inputs, *graph.outputs, *graph.initializers.values()]
+    values += [v for node in graph for v in node.outputs]
+    return {id(v): (v, *table[v.name]) for v in values if v.name in table}
+
+
+def snapshot(proto: onnx.ModelProto, model: ir.Model) -> dict[int, Kept]:
+    """What ``proto`` declared for each value of ``model`` (its deserialized form, before any
+    rewrite), per graph and function, keyed by the id of the IR graph (a function's: its
+    ``graph``)."""
+    tables: dict[int, Kept] = {}
 
     def walk(graph_proto: onnx.GraphProto, graph: ir.Graph) -> None:
-        tables[id(graph)] = _graph_table(graph_proto)
+        tables[id(graph)] = _kept(_graph_table(graph_proto), graph)
         for node_proto, node in zip(graph_proto.node, graph, strict=True):
             for attr in node_proto.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
@@ -54,12 +65,13 @@ def snapshot(proto: onnx.ModelProto, model: ir.Model) -> dict[int, Declared]:
     for key, function in model.functions.items():
         f_proto = functions.get(key)
         if f_proto is not None:
-            tables[id(function.graph)] = _declared(getattr(f_proto, "value_info", []))
+            declared = _declared(getattr(f_proto, "value_info", []))
+            tables[id(function.graph)] = _kept(declared, function.graph)
     return tables
 
 
-def restore(model: ir.Model, tables: dict[int, Declared]) -> None:
-    """Give every value the type and shape its graph declared in the input, or none."""
+def restore(model: ir.Model, tables: dict[int, Kept]) -> None:
+    """Give every value the type and shape the input declared for it, or none (new values)."""
     for container in containers(model):
         graphs = [container.graph if isinstance(container, ir.Function) else container]
         for node in ir.traversal.RecursiveGraphIterator(container):
@@ -75,7 +87,7 @@ def restore(model: ir.Model, tables: dict[int, Declared]) -> None:
             for value in values:
                 if graph is model.graph and value in graph.outputs:
                     continue  # unique names: the inferred shape helps onnx.checker and users
-                declared_type, declared_shape = table.get(value.name or "", (None, None))
+                _, declared_type, declared_shape = table.get(id(value), (None, None, None))
                 if value.is_graph_output() and declared_type is None:
                     declared_type = value.type  # outputs need a type; the replaced one's
                     declared_shape = None

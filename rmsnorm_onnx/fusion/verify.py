@@ -147,13 +147,14 @@ def random_inputs(
         if dtype is None or dtype == _BFLOAT16:  # onnxruntime's binding takes no bfloat16 array
             raise RMSNormOnnxError(f"verify: cannot make random input '{arg.name}' of {arg.type}")
         if dtype == np.bool_:
-            feeds[arg.name] = rng.random(shape) < 0.5
+            value = rng.random(shape) < 0.5
         elif np.issubdtype(dtype, np.integer) and "attention_mask" in arg.name:
-            feeds[arg.name] = np.ones(shape, dtype)
+            value = np.ones(shape, dtype)
         elif np.issubdtype(dtype, np.integer):
-            feeds[arg.name] = rng.integers(0, 4, size=shape).astype(dtype)
+            value = rng.integers(0, 4, size=shape)
         else:
-            feeds[arg.name] = rng.standard_normal(shape).astype(dtype)
+            value = rng.standard_normal(shape)
+        feeds[arg.name] = np.asarray(value, dtype)  # a 0-d one too: NumPy draws it as a scalar
     return feeds
 
 
