@@ -351,6 +351,25 @@ def _qdq_inside(m):
     m.graph.node.insert(at + 1, helper.make_node("DequantizeLinear", ["sq_q", "qs", "qz"], [old]))
 
 
+def _quantized_exponent(m):
+    """quantize_static with Pow among the ops quantizes its exponent: DQ(127, 1/127.5, -128)."""
+    pow_node = _first(m, "Pow")
+    inits = [
+        numpy_helper.from_array(np.asarray(127, np.int8), "two_q"),
+        numpy_helper.from_array(np.asarray(1 / 127.5, np.float32), "two_scale"),
+        numpy_helper.from_array(np.asarray(-128, np.int8), "two_zero"),
+    ]
+    m.graph.initializer.extend(inits)
+    dq = helper.make_node("DequantizeLinear", ["two_q", "two_scale", "two_zero"], ["two_dq"])
+    m.graph.node.insert(0, dq)
+    pow_node.input[1] = "two_dq"
+
+
+def _qdq_every_op(m):
+    _qdq_inside(m)
+    _quantized_exponent(m)
+
+
 def _cube_root(m):
     pow_half = [n for n in m.graph.node if n.op_type == "Pow"][-1]
     init = next(t for t in m.graph.initializer if t.name == pow_half.input[1])
@@ -364,6 +383,8 @@ MUTATIONS = {
     "statistic-of-another-tensor": (Spelling(), _other_tensor, "different tensor"),
     "epsilon-graph-input": (Spelling(), _eps_input, "epsilon is not a constant scalar"),
     "qdq-inside": (Spelling(), _qdq_inside, "QuantizeLinear/DequantizeLinear inside the chain"),
+    # the exponent quantized too: the square was no square, and the report said nothing
+    "qdq-every-op": (Spelling(), _qdq_every_op, "QuantizeLinear/DequantizeLinear inside the"),
     "root-exponent": (Spelling(inverse="pow-half"), _cube_root, "raised to -1/3, not -1/2"),
 }
 
@@ -651,3 +672,24 @@ def test_x_times_an_exact_copy_of_x_is_its_square(other: str) -> None:
     assert report.fused_count == 1, report.summary(verbose=True)
     x = _feed()
     np.testing.assert_allclose(run(fused, {"x": x})[0], rms_norm(x, epsilon=EPS), rtol=1e-5)
+
+
+def test_an_exponent_dequantized_to_exactly_two_is_a_square() -> None:
+    model, w = build(Spelling())
+    _quantized_exponent(model)
+    fused, report = fuse(model)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    x = _feed()
+    np.testing.assert_allclose(run(fused, {"x": x})[0], expected(x, Spelling(), w), rtol=1e-5)
+
+
+def test_a_norm_kept_by_another_reader_says_so() -> None:
+    """y = x · inv · w with inv read again by z = y · inv: the reason was z's ("raised to -1"),
+    not the one that keeps y unfused."""
+    b = Builder(Spelling(mean="mean-mul"))
+    inv = b.op("Reciprocal", _root(b))
+    y = b.op("Mul", b.op("Mul", "x", inv), b.const(np.linspace(0.5, 1.5, N)))
+    model = b.model(b.op("Mul", y, inv))
+    _, report = fuse(model)
+    assert report.fused_count == 0
+    assert f"intermediate '{inv}' (Reciprocal) is also used by" in report.skipped[0].reason

@@ -199,3 +199,42 @@ def test_fuse_takes_a_target_object_unregistered() -> None:
     fused, report = fuse(build(Variant()), target=PLAIN_RENAMED)
     assert report.target == PLAIN_RENAMED.name and report.written == {"plain ops": 1}
     assert "ReduceMean" in op_types(fused)
+
+
+def test_standard_on_bfloat16_says_what_onnxruntime_cpu_cannot_run() -> None:
+    """A bfloat16 norm written as RMSNormalization is a valid file onnxruntime's CPU provider
+    cannot load (no bfloat16 Mul for the op's body): the report says so, and --verify says it in
+    its own words, not "unexpected NotImplemented"."""
+    from onnx import TensorProto, numpy_helper
+
+    from rmsnorm_onnx.errors import RMSNormOnnxError
+
+    def c(name, value):
+        return numpy_helper.from_array(np.asarray(value), name)
+
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
+        helper.make_node("Cast", ["xb"], ["xf"], to=TensorProto.FLOAT),
+        helper.make_node("Pow", ["xf", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+        helper.make_node("Add", ["ms", "eps"], ["mse"]),
+        helper.make_node("Sqrt", ["mse"], ["rt"]),
+        helper.make_node("Div", ["xf", "rt"], ["yf"]),
+        helper.make_node("Cast", ["yf"], ["yb"], to=TensorProto.BFLOAT16),
+        helper.make_node("Cast", ["yb"], ["y"], to=TensorProto.FLOAT),
+    ]
+    inits = [c("two", np.float32(2)), c("axes", np.array([-1])), c("eps", np.float32(1e-6))]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 16])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    _, report = fuse(model, target="standard")
+    assert any(n.startswith("bfloat16 RMSNormalization") for n in report.notes), report.notes
+    try:
+        fuse(model, target="standard", verify=True)
+    except RMSNormOnnxError as e:
+        assert str(e).startswith("verify: onnxruntime cannot"), e

@@ -266,6 +266,9 @@ class Reader:
 
     # -- an op the algebra does not expand: a leaf, unless it swallows part of a norm
     def _opaque(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        number = _dequantized_number(node)
+        if number is not None:  # a quantized constant (QDQ of every op quantizes Pow's 2 too)
+            return Product(coef=number)
         if node.op_type in ("DequantizeLinear", "QuantizeLinear"):
             inner = self._through_qdq(node, depth)
             if inner is not None:
@@ -682,6 +685,22 @@ def _no_wider(value: ir.Value, ms: MeanSquare) -> bool:
     return all(same_dim(d, x) for d, x in dims[:first]) and all(
         d == 1 or same_dim(d, x) for d, x in dims[first:]
     )
+
+
+def _dequantized_number(node: ir.Node) -> float | None:
+    """DequantizeLinear of one constant number: (q - zero_point) · scale, as the op computes it
+    (in float32)."""
+    if node.op_type != "DequantizeLinear" or not node.inputs or len(node.inputs) < 2:
+        return None
+    arrays = [constant_array(v, max_size=1) if v is not None else None for v in node.inputs[:3]]
+    q, scale = arrays[0], arrays[1]
+    zero = arrays[2] if len(arrays) > 2 and node.inputs[2] is not None else np.zeros(1)
+    if q is None or scale is None or zero is None or q.size != 1 or scale.size != 1:
+        return None
+    if not all(_is_number(a) for a in (q, scale, zero)):
+        return None
+    shifted = np.float32(q.reshape(()).astype(np.int64) - zero.reshape(-1)[0].astype(np.int64))
+    return float(shifted * scale.reshape(()).astype(np.float32))
 
 
 def _static_count(x: ir.Value, axis: int) -> int | None:

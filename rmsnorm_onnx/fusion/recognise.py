@@ -56,7 +56,9 @@ WALK_OPS = frozenset(
 _DEPTH = 12  # ops from the statistic to the norm's output: Add, Sqrt, Reciprocal, Mul, Cast, Mul...
 _COEF_TOLERANCE = 4e-7  # 1/N folded in float32 (1/768, 1/√N) rounds: a few ulp of 1 is 1
 # how sure a reason is that it says what differs (the report keeps the surest)
-_SURE, _SHAPE, _OTHER_USE = 3, 2, 1
+# (an exact norm that only another reader of its intermediates keeps unfused explains most: the
+# values past it then read as that norm times more, e.g. "raised to -1" for y · inv)
+_OTHER_USE, _SURE, _SHAPE = 4, 3, 2
 
 
 @dataclasses.dataclass

@@ -130,6 +130,11 @@ def _contrib(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[
 def _standard(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
     if n.skip is not None:
         notes[f"ONNX has no residual-add norm: each SkipRMSNorm became Add + {t.op_type}"] += 1
+    if n.x.dtype == ir.DataType.BFLOAT16:
+        notes[
+            f"bfloat16 {t.op_type}: onnxruntime's CPU provider cannot run it (it runs the op's "
+            "function body, whose Mul has no bfloat16 kernel there); target custom can"
+        ] += 1
     return _norm_op(t, b, n, notes)
 
 

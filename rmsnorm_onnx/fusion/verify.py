@@ -182,9 +182,18 @@ def _working_type(model: onnx.ModelProto, output: np.dtype) -> str:
 
 def verify(original: onnx.ModelProto, fused: onnx.ModelProto, base_dir: Path | None = None) -> None:
     """Raise RMSNormOnnxError unless every output of ``fused`` matches ``original``."""
-    ref_sess = _session(original, base_dir)
-    new_sess = _session(fused, base_dir)
+    ref_sess = _loaded(original, base_dir, "the original")
+    new_sess = _loaded(fused, base_dir, "the fused model")
     _compare(original, ref_sess, new_sess, genai_dims(base_dir, new_sess))
+
+
+def _loaded(model: onnx.ModelProto, base_dir: Path | None, which: str) -> Any:
+    try:
+        return _session(model, base_dir)
+    except RMSNormOnnxError:
+        raise
+    except Exception as e:  # onnxruntime's own (a bfloat16 op its CPU provider lacks...)
+        raise RMSNormOnnxError(f"verify: onnxruntime cannot load {which}: {e}") from None
 
 
 def _run(sess: Any, feeds: dict[str, np.ndarray], which: str) -> list[Any]:
