@@ -88,3 +88,40 @@ def test_past_a_broadcast_the_unmerged_inference_stops_at_types_and_ranks_come_f
     assert types.fill(model, inferred) >= 2
     assert f.dtype == ir.DataType.FLOAT
     assert f.shape is not None and list(f.shape) == [ir.SymbolicDim(None)] * 2
+
+
+def test_what_onnxruntimes_optimizer_writes_types_the_residual_adds() -> None:
+    """A file onnxruntime optimized offline: SimplifiedLayerNormalization (default domain) ->
+    MatMul -> com.microsoft QuickGelu -> FusedMatMul -> residual Add -> the next norm. onnx has
+    no schema for those ops and onnxruntime's symbolic inference stops early on such graphs: the
+    Add's operand had no type, and the Add stayed in front of the norm."""
+    from onnx import numpy_helper
+
+    from rmsnorm_onnx import op_schema
+
+    rng = np.random.default_rng(0)
+
+    def w(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((0.1 * rng.standard_normal(shape)).astype(np.float32), name)
+
+    ms = op_schema.MS_DOMAIN
+    nodes = [
+        helper.make_node("SimplifiedLayerNormalization", ["x", "g1"], ["n1"], epsilon=1e-6),
+        helper.make_node("MatMul", ["n1", "up"], ["h"]),
+        helper.make_node("QuickGelu", ["h"], ["a"], domain=ms, alpha=1.702),
+        helper.make_node("FusedMatMul", ["a", "down"], ["d"], domain=ms, alpha=1.0),
+        helper.make_node("Add", ["x", "d"], ["r"]),
+        helper.make_node("SimplifiedLayerNormalization", ["r", "g2"], ["y"], epsilon=1e-6),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w("g1", 16), w("up", 16, 32), w("down", 32, 16), w("g2", 16)],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(ms, 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    _, report = fuse(model, verify=True)
+    assert report.with_skip == 1, report.summary(verbose=True)
+    assert not onnx.defs.has("QuickGelu", ms)  # onnx's schemas are its own again

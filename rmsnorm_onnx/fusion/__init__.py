@@ -23,7 +23,17 @@ from onnx import defs
 
 from .. import onnx_io, op_functions, op_schema
 from ..errors import InvalidModelError, UsageError
-from . import external, functions, inline_weights, opset, preserve, raising, targets, wellformed
+from . import (
+    external,
+    functions,
+    inline_weights,
+    opset,
+    preserve,
+    raising,
+    targets,
+    types,
+    wellformed,
+)
 from .lower import lower
 from .report import FuseReport, Skip
 from .targets import TARGETS, Target
@@ -73,7 +83,8 @@ def _check_opset(proto: onnx.ModelProto) -> None:
 def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
     op_schema.register()
     try:  # the proto holds no weights here, so this is cheap even for huge models
-        return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+        with types.foreign_schemas():  # onnxruntime's contrib ops: what they feed gets typed
+            return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception:  # an op onnx cannot infer: match on what the model declares
         return proto
 

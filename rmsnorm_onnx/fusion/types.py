@@ -12,14 +12,19 @@ for other domains it guesses a rank, which proves nothing).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import onnx
 import onnx.external_data_helper
 import onnx_ir as ir
+from onnx import defs
 
 from ..onnx_io import all_tensors
 from ..op_schema import MS_DOMAIN
@@ -91,6 +96,105 @@ class Inferred:
                                                           else object())
             for d in info.type.tensor_type.shape.dim
         )  # fmt: skip
+
+
+# Ops onnxruntime's own optimizer writes that onnx has no schema for: (domain, op type) ->
+# (the input whose element type the outputs take, the input whose shape they have or None, which
+# outputs). SimplifiedLayerNormalization's Y takes the scale's type; shapes of the matmuls come
+# from _matmul_shape.
+_FOREIGN_OUTPUTS: dict[tuple[str, str], tuple[int, int | None, tuple[int, ...]]] = {
+    ("", "SimplifiedLayerNormalization"): (1, 0, (0,)),
+    (MS_DOMAIN, "SkipSimplifiedLayerNormalization"): (0, 0, (0, 3)),
+    (MS_DOMAIN, "SkipLayerNormalization"): (0, 0, (0, 3)),
+    (MS_DOMAIN, "QuickGelu"): (0, 0, (0,)),
+    (MS_DOMAIN, "Gelu"): (0, 0, (0,)),
+    (MS_DOMAIN, "BiasGelu"): (0, 0, (0,)),
+    (MS_DOMAIN, "FastGelu"): (0, 0, (0,)),
+    (MS_DOMAIN, "FusedMatMul"): (0, None, (0,)),
+    (MS_DOMAIN, "MatMulNBits"): (0, None, (0,)),
+}
+_ANY_TENSOR = [f"tensor({t})" for t in (
+    "float", "float16", "bfloat16", "double", "int8", "uint8", "int16", "uint16", "int32",
+    "uint32", "int64", "uint64", "bool", "int4", "uint4")]  # fmt: skip
+
+
+@contextlib.contextmanager
+def foreign_schemas() -> Iterator[None]:
+    """onnx schemas for the ops of :data:`_FOREIGN_OUTPUTS` that onnx has none for, for the
+    duration of one inference: it then types what they feed (the residual Adds of
+    onnxruntime-optimized files) in one run. Removed after, so onnx's checker and everything
+    else in the process see onnx's own schemas only."""
+    variadic = defs.OpSchema.FormalParameterOption.Variadic
+    added = []
+    try:
+        for (domain, op_type), rule in _FOREIGN_OUTPUTS.items():
+            if defs.has(op_type, domain):
+                continue
+            params = [
+                defs.OpSchema.FormalParameter(
+                    name, "T", param_option=variadic, is_homogeneous=False, min_arity=1
+                )
+                for name in ("inputs", "outputs")
+            ]
+            schema = defs.OpSchema(
+                op_type, domain, 1, inputs=params[:1], outputs=params[1:],
+                type_constraints=[("T", _ANY_TENSOR, "")],
+            )  # fmt: skip
+            schema.set_type_and_shape_inference_function(functools.partial(_infer, rule))
+            defs.register_schema(schema)
+            added.append((op_type, domain))
+        yield
+    finally:
+        for op_type, domain in added:
+            defs.deregister_schema(op_type, 1, domain)
+
+
+def _infer(rule: tuple[int, int | None, tuple[int, ...]], ctx: Any) -> None:
+    type_from, shape_from, outputs = rule
+    if type_from >= ctx.get_num_inputs() or not ctx.has_input(type_from):
+        return
+    source = ctx.get_input_type(type_from)
+    if source is None or not source.tensor_type.elem_type:
+        return
+    out = onnx.TypeProto()
+    out.tensor_type.elem_type = source.tensor_type.elem_type
+    shape = None
+    if shape_from is None:
+        shape = _matmul_shape(ctx)
+    elif ctx.has_input(shape_from):
+        shaped = ctx.get_input_type(shape_from)
+        if shaped is not None and shaped.tensor_type.HasField("shape"):
+            shape = shaped.tensor_type.shape
+    if shape is not None:
+        out.tensor_type.shape.CopyFrom(shape)
+    for index in outputs:
+        if index < ctx.get_num_outputs() and ctx.has_output(index):
+            ctx.set_output_type(index, out)
+
+
+def _matmul_shape(ctx: Any) -> onnx.TensorShapeProto | None:
+    """A [..., K] times a 2-D B (FusedMatMul without transposes of A or of batches, B maybe
+    transposed) or MatMulNBits' packed [K, N] weight (its N attribute): [..., N]."""
+    a = ctx.get_input_type(0)
+    if a is None or not a.tensor_type.HasField("shape") or not a.tensor_type.shape.dim:
+        return None
+
+    def attr(name: str) -> int:
+        found = ctx.get_attribute(name)
+        return 0 if found is None else int(onnx.helper.get_attribute_value(found))
+
+    if ctx.get_attribute("N") is not None:  # MatMulNBits
+        last = onnx.TensorShapeProto.Dimension(dim_value=attr("N"))
+    else:
+        b = ctx.get_input_type(1) if ctx.get_num_inputs() > 1 else None
+        if b is None or not b.tensor_type.HasField("shape") or len(b.tensor_type.shape.dim) != 2:
+            return None
+        if attr("transA") or attr("transBatchA") or attr("transBatchB"):
+            return None
+        last = b.tensor_type.shape.dim[0 if attr("transB") else 1]
+    shape = onnx.TensorShapeProto()
+    shape.dim.extend([*a.tensor_type.shape.dim[:-1], last])
+    return shape
 
 
 def fill(model: ir.Model, inferred: Inferred) -> int:

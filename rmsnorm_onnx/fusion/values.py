@@ -174,8 +174,13 @@ _FILLS = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Ca
 def filled_with(value: ir.Value, number: float, depth: int = 6) -> bool:
     """Whether every element of ``value`` is ``number``: a constant, a ConstantOfShape, or one
     of them broadcast, reshaped or cast (torch writes RMSNormalization's missing scale as
-    ConstantOfShape(Shape(x)) of ones; jax2onnx a mean it does not subtract as zeros)."""
-    array = constant_array(value, max_size=1 << 16)
+    ConstantOfShape(Shape(x)) of ones; jax2onnx a mean it does not subtract as zeros). A
+    tensor in a data file is not read (a weight, most likely)."""
+    tensor = constant_tensor(value, max_size=1 << 16)
+    in_file = tensor is not None and isinstance(tensor, ir.ExternalTensor) and tensor.size > 1
+    array = None if tensor is None or in_file else np.asarray(tensor.numpy())
+    if in_file:
+        return False
     node = value.producer()
     if (
         array is None
