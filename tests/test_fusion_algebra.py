@@ -693,3 +693,21 @@ def test_a_norm_kept_by_another_reader_says_so() -> None:
     _, report = fuse(model)
     assert report.fused_count == 0
     assert f"intermediate '{inv}' (Reciprocal) is also used by" in report.skipped[0].reason
+
+
+@pytest.mark.parametrize("spelling", ["ms-over-ms", "x-x-over-x"])
+def test_what_cancels_only_where_it_is_finite_and_nonzero_is_kept(spelling: str) -> None:
+    """x/√(ms+ε) · (ms/ms) is NaN on a zero row; x·x/x is NaN where x is 0: neither is x."""
+    b = Builder(Spelling(mean="mean-mul"))
+    ms = b.reduce("ReduceMean", b.square("x"))
+    root = b.op("Sqrt", b.op("Add", ms, b.const(EPS)))
+    if spelling == "ms-over-ms":
+        y = b.op("Mul", b.op("Div", "x", root), b.op("Div", ms, ms))
+    else:
+        y = b.op("Div", b.op("Div", b.op("Mul", "x", "x"), "x"), root)
+    model = b.model(y)
+    x = _feed()
+    x[0, 1] = 0.0  # a zero row
+    fused, report = fuse(model)
+    assert report.fused_count == 0, report.summary(verbose=True)
+    np.testing.assert_array_equal(run(fused, {"x": x})[0], run(model, {"x": x})[0])

@@ -205,3 +205,24 @@ def test_onnxscript_script_function() -> None:
     x = rng.standard_normal(SHAPE).astype(np.float32)
     fused, _ = _check(model, {"x": x, "w": W}, [rms_norm(x, W, epsilon=1e-5)], "custom", 1)
     assert [n.op_type for n in fused.graph.node if n.domain] == ["RMSNorm"]
+
+
+def test_a_function_named_as_an_onnxruntime_op_is_not_inlined() -> None:
+    """A model-local com.microsoft::QuickGelu holding a mean: onnxruntime runs its own
+    QuickGelu kernel, not the body; inlining the body changed what the file computes."""
+    body = [helper.make_node("ReduceMean", ["X"], ["Y"], keepdims=1, axes=[1])]
+    opset17 = [helper.make_opsetid("", 17)]
+    function = helper.make_function(
+        "com.microsoft", "QuickGelu", ["X"], ["Y"], body, opset17, attributes=["alpha"]
+    )
+    graph = helper.make_graph(
+        [helper.make_node("QuickGelu", ["x"], ["y"], domain="com.microsoft", alpha=1.0)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    opsets = [*opset17, helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, functions=[function], ir_version=8)
+    fused, report = fuse(model)
+    assert [n.op_type for n in fused.graph.node] == ["QuickGelu"], report.summary(verbose=True)
+    assert not report.notes, report.notes

@@ -228,3 +228,48 @@ def test_a_reader_of_the_mean_that_only_feeds_the_chain_goes_with_it(shape_out: 
         np.testing.assert_array_equal(after[1], before[1])
     else:
         assert [n.op_type for n in fused.graph.node if n.op_type != "Constant"] == ["RMSNorm"]
+
+
+def _equal_or_unfused(model: onnx.ModelProto, x: np.ndarray) -> int:
+    """Fuse; the fused model computes what the model does (shape, values, NaNs). Returns how
+    many norms were fused."""
+    before = run(model, {"x": x})[0]
+    fused, report = fuse(model)
+    after = run(fused, {"x": x})[0]
+    assert after.shape == before.shape, report.summary(verbose=True)
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
+    return report.fused_count
+
+
+def test_an_unsqueeze_after_a_constant_raised_the_rank_puts_nothing_back() -> None:
+    """ms [2, 4] + ε [1, 1, 1] is [1, 2, 4]: Unsqueeze(axes=[2]) then makes [1, 2, 1, 4], whose
+    rows on a square x are other rows' (read as axes put back, it was fused)."""
+    g = Graph((2, 4, 4))
+    shifted = g.op("Add", g.mean([-1]), g.const(np.full((1, 1, 1), EPS)))
+    root = g.op("Sqrt", g.op("Unsqueeze", shifted, g.ints([2])))
+    assert _equal_or_unfused(g.model(g.op("Div", "x", root)), _x((2, 4, 4))) == 0
+
+
+def test_a_dequantized_constant_keeps_its_dims() -> None:
+    """Pow's 2 as DequantizeLinear of a [1, 1, 1, 1] constant broadcasts x up a dim."""
+    g = Graph((3, 8))
+    two = g.op(
+        "DequantizeLinear",
+        g.const(np.full((1, 1, 1, 1), 127), np.int8),
+        g.const(1 / 127.5),
+        g.const(-128, np.int8),
+    )
+    ms = g.op("ReduceMean", g.op("Pow", "x", two), g.ints([-1]), keepdims=1)
+    root = g.op("Sqrt", g.op("Add", ms, g.const(EPS)))
+    assert _equal_or_unfused(g.model(g.op("Div", "x", root)), _x((3, 8))) == 0
+
+
+def test_a_scale_whose_value_info_is_wrong_is_read_from_its_reshape() -> None:
+    """Reshape(w[4], [4, 1]) declared [1, 1, 4]: folded as a scale over the last axis (a
+    different value), where it scales rows."""
+    g = Graph((2, 4, 4))
+    scale = g.op("Reshape", g.const(_weights(4)), g.ints([4, 1]))
+    model = g.model(g.norm(g.mean([-1], keepdims=1), scale))
+    declared = helper.make_tensor_value_info(scale, TensorProto.FLOAT, [1, 1, 4])
+    model.graph.value_info.append(declared)
+    _equal_or_unfused(model, _x((2, 4, 4)))

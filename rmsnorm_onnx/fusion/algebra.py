@@ -108,12 +108,16 @@ class Product:
         out.cancelled = self.cancelled or other.cancelled
         for key, (term, e) in other.powers.items():
             old = out.powers.get(key, (term, Fraction(0)))[1]
-            if old + e * exponent == 0:
+            new = old + e * exponent
+            # x·x/x is x but NaN where x is 0 or ±inf, ms/ms is 1 but NaN on a zero row
+            if old * e * exponent < 0 and (new == 0 or isinstance(term, ir.Value)):
+                name = term.name if isinstance(term, ir.Value) else term.ms.x.name if isinstance(
+                    term, Shifted) else term.x.name  # fmt: skip
+                out.cancelled = out.cancelled or name or "a tensor"
+            if new == 0:
                 out.powers.pop(key, None)
-                if isinstance(term, ir.Value) and old != 0:
-                    out.cancelled = out.cancelled or term.name or "a tensor"
             else:
-                out.powers[key] = (term, old + e * exponent)
+                out.powers[key] = (term, new)
         out.interior.update(other.interior)
         out.const_ndim = max(out.const_ndim, other.const_ndim)
         out.narrowest = min(out.narrowest, other.narrowest)
@@ -140,6 +144,15 @@ class Product:
 
     def leaves(self) -> list[tuple[ir.Value, Fraction]]:
         return [(t, e) for t, e in self.terms() if isinstance(t, ir.Value)]
+
+
+def _constant(coef: float, a: Product, b: Product) -> Product:
+    """A constant from two: the most dims of either, and a cancellation in either."""
+    return Product(
+        coef=coef,
+        const_ndim=max(a.const_ndim, b.const_ndim),
+        cancelled=a.cancelled or b.cancelled,
+    )
 
 
 def _power(coef: float, exponent: Fraction) -> float:
@@ -268,7 +281,7 @@ class Reader:
     def _opaque(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
         number = _dequantized_number(node)
         if number is not None:  # a quantized constant (QDQ of every op quantizes Pow's 2 too)
-            return Product(coef=number)
+            return Product(coef=number[0], const_ndim=number[1])
         if node.op_type in ("DequantizeLinear", "QuantizeLinear"):
             inner = self._through_qdq(node, depth)
             if inner is not None:
@@ -352,7 +365,7 @@ class Reader:
         if isinstance(b, Miss):
             return b
         if a.constant and b.constant:
-            return Product(coef=a.coef * b.coef, const_ndim=max(a.const_ndim, b.const_ndim))
+            return _constant(a.coef * b.coef, a, b)
         return a.times(b)
 
     def _op_Div(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
@@ -392,7 +405,12 @@ class Reader:
             return base
         power = node.inputs[1] if len(node.inputs) > 1 else None
         read = self.expand(power, depth) if power is not None else None  # Cast(Constant) too
-        if not isinstance(read, Product) or not read.constant or not math.isfinite(read.coef):
+        if (
+            not isinstance(read, Product)
+            or not read.constant
+            or not math.isfinite(read.coef)
+            or read.cancelled
+        ):
             if base.statistic():
                 return Miss("the exponent of Pow of the mean is not a constant scalar", node)
             return Product.leaf(value)
@@ -421,11 +439,12 @@ class Reader:
             if isinstance(r, Miss):
                 return r
         if a.constant and b.constant:
-            return Product(coef=a.coef + b.coef, const_ndim=max(a.const_ndim, b.const_ndim))
+            return _constant(a.coef + b.coef, a, b)
         for term, zero in ((a, b), (b, a)):  # paddle2onnx's scale op: Add(Mul(sum, 1/N), 0.0)
             if zero.constant and zero.coef == 0 and term.statistic():
                 out = term.copy()
                 out.const_ndim = max(term.const_ndim, zero.const_ndim)
+                out.cancelled = term.cancelled or zero.cancelled
                 return out
         for stat, eps, eps_value in ((a, b, node.inputs[1]), (b, a, node.inputs[0])):
             shifted = _shift(stat, eps, eps_value, node)
@@ -444,7 +463,7 @@ class Reader:
         if len(mss) != 1:
             return Product.leaf(value)
         (ms,) = mss.values()
-        if ms.dropped and node.op_type != "Expand" and self._puts_back(node, value, ms):
+        if ms.dropped and node.op_type != "Expand" and self._puts_back(node, value, ms, inner):
             return _kept(inner, ms)
         if not ms.dropped and node.op_type != "Unsqueeze" and _no_wider(value, ms):
             return inner.copy()
@@ -452,10 +471,12 @@ class Reader:
 
     _op_Unsqueeze = _op_Reshape = _op_Expand = _restored
 
-    def _puts_back(self, node: ir.Node, value: ir.Value, ms: MeanSquare) -> bool:
-        """Whether the node's output is ms with its reduced (trailing) axes back as 1s."""
+    def _puts_back(self, node: ir.Node, value: ir.Value, ms: MeanSquare, read: Product) -> bool:
+        """Whether the node's output is ms with its reduced (trailing) axes back as 1s: its
+        input of x's rank less those axes (no constant in ``read`` broadcast it up), the axes
+        put back where they were."""
         x_rank = rank(ms.x)
-        if x_rank is None:
+        if x_rank is None or read.const_ndim > x_rank + ms.axis:
             return False
         trailing = list(range(x_rank + ms.axis, x_rank))
         if node.op_type == "Unsqueeze":
@@ -466,6 +487,9 @@ class Reader:
                 axes = list(node.attributes.get_ints("axes", []))
             return axes is not None and sorted(a % x_rank for a in axes) == trailing
         shape, x_shape = value.shape, ms.x.shape
+        target = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
+        if target is not None:  # what the Reshape does, not what a value_info says it does
+            shape = _reshaped(target, x_shape, ms.axis, node.attributes.get_int("allowzero", 0))
         if shape is None or x_shape is None or len(shape) != x_rank:
             return False
         lead = list(zip(list(shape)[: ms.axis], list(x_shape)[: ms.axis], strict=True))
@@ -649,6 +673,29 @@ class Reader:
         return float(n)
 
 
+def _reshaped(target: np.ndarray, x_shape: ir.Shape | None, axis: int, allowzero: int):
+    """The shape Reshape(ms, target) gives a mean of x without its axes from ``axis`` on (its
+    dims x's before them), where that can be told; else None."""
+    if x_shape is None:
+        return None
+    dims = list(x_shape)[:axis]
+    out: list[object] = []
+    for i, t in enumerate(int(v) for v in target.reshape(-1)):
+        if t == 0 and not allowzero:
+            if i >= len(dims):
+                return None
+            out.append(dims[i])
+        elif t == -1:  # the one left over: where every other dim is x's, x's own
+            if -1 in target[i + 1 :] or i >= len(dims):
+                return None
+            out.append(dims[i])
+        else:
+            out.append(t)
+    if -1 in target and not all(same_dim(a, b) for a, b in zip(out, dims, strict=False)):
+        return None
+    return out
+
+
 def _drops_axes(node: ir.Node, x: ir.Value, axis: int) -> bool:
     """keepdims=0 over some of x's axes (over all of them the 0-d mean broadcasts as is)."""
     if node.op_type not in ("ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"):
@@ -687,9 +734,9 @@ def _no_wider(value: ir.Value, ms: MeanSquare) -> bool:
     )
 
 
-def _dequantized_number(node: ir.Node) -> float | None:
-    """DequantizeLinear of one constant number: (q - zero_point) · scale, as the op computes it
-    (in float32)."""
+def _dequantized_number(node: ir.Node) -> tuple[float, int] | None:
+    """DequantizeLinear of one constant number: ((q - zero_point) · scale as the op computes it,
+    in float32; the most dims of its inputs, which the result broadcasts to)."""
     if node.op_type != "DequantizeLinear" or not node.inputs or len(node.inputs) < 2:
         return None
     arrays = [constant_array(v, max_size=1) if v is not None else None for v in node.inputs[:3]]
@@ -700,7 +747,8 @@ def _dequantized_number(node: ir.Node) -> float | None:
     if not all(_is_number(a) for a in (q, scale, zero)):
         return None
     shifted = np.float32(q.reshape(()).astype(np.int64) - zero.reshape(-1)[0].astype(np.int64))
-    return float(shifted * scale.reshape(()).astype(np.float32))
+    ndim = max(q.ndim, scale.ndim, zero.ndim)
+    return float(shifted * scale.reshape(()).astype(np.float32)), ndim
 
 
 def _static_count(x: ir.Value, axis: int) -> int | None:

@@ -42,8 +42,10 @@ def _calls(node: onnx.NodeProto) -> list[tuple[str, str]]:
 def norm_functions(proto: onnx.ModelProto) -> list[tuple[str, str]]:
     """(domain, name) of each model-local function that holds a norm, itself or in a callee."""
     bodies = {
-        (f.domain, f.name): list(f.node) for f in proto.functions if f.domain != op_schema.DOMAIN
-    }
+        (f.domain, f.name): list(f.node)
+        for f in proto.functions
+        if f.domain not in (op_schema.DOMAIN, op_schema.MS_DOMAIN, *_DEFAULT)
+    }  # (a function named as one of onnxruntime's ops is not what onnxruntime runs: its kernel)
     marked = {key for key, nodes in bodies.items() if any(_holds_norm(n) for n in nodes)}
     changed = True
     while changed:

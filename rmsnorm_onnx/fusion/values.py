@@ -41,21 +41,49 @@ def constant_array(value: ir.Value | None, *, max_size: int = _MAX_READ) -> np.n
 
 def constant_source(value: ir.Value | None) -> ir.Value | None:
     """The constant behind ``value``: itself, or the constant a Reshape, Unsqueeze or Squeeze
-    gives a static shape (jax2onnx writes a scale as Reshape(w[H], [1, 1, H])). Not read."""
+    with constant operands gives a shape (jax2onnx writes a scale as Reshape(w[H], [1, 1, H]))
+    that the value's own shape agrees with. Not read."""
     if value is None or constant_tensor(value) is not None:
         return value
     node = value.producer()
-    if (
-        node is None
-        or node.domain not in DEFAULT_DOMAINS
-        or node.op_type not in ("Reshape", "Unsqueeze", "Squeeze")
-        or not node.inputs
-        or value.shape is None
-        or not all(isinstance(d, int) for d in value.shape)
-        or constant_tensor(node.inputs[0]) is None
-    ):
+    if node is None or node.domain not in DEFAULT_DOMAINS or not node.inputs:
+        return None
+    source = constant_tensor(node.inputs[0])
+    shape = None if source is None else _result_shape(node, tuple(source.shape))
+    if shape is None or value.shape is None or tuple(value.shape) != shape:
         return None
     return node.inputs[0]
+
+
+def _result_shape(node: ir.Node, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The shape a Reshape, Unsqueeze or Squeeze of a constant of ``shape`` gives, from its
+    constant operands (not from a value_info, which may be wrong); None otherwise."""
+    operand = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    if node.op_type == "Reshape":
+        if operand is None:
+            return None
+        try:
+            zero_copies = not node.attributes.get_int("allowzero", 0)
+            target = [
+                shape[i] if t == 0 and zero_copies and i < len(shape) else int(t)
+                for i, t in enumerate(operand.reshape(-1))
+            ]
+            return np.empty(shape).reshape(target).shape
+        except ValueError:
+            return None
+    axes = operand if operand is not None else node.attributes.get_ints("axes", None)
+    if node.op_type == "Unsqueeze" and axes is not None:
+        rank = len(shape) + len(list(axes))
+        out = list(shape)
+        for axis in sorted(int(a) % rank for a in axes):
+            out.insert(axis, 1)
+        return tuple(out)
+    if node.op_type == "Squeeze":
+        drop = {int(a) % len(shape) for a in axes} if axes is not None else None
+        if drop is not None and any(shape[a] != 1 for a in drop):
+            return None
+        return tuple(d for i, d in enumerate(shape) if (d != 1 if drop is None else i not in drop))
+    return None
 
 
 def reshaped_constant(value: ir.Value | None) -> np.ndarray | None:
@@ -64,8 +92,7 @@ def reshaped_constant(value: ir.Value | None) -> np.ndarray | None:
     array = constant_array(source)
     if array is None or source is value:
         return array
-    shape = tuple(int(d) for d in value.shape)
-    return array.reshape(shape) if array.size == int(np.prod(shape)) else None
+    return array.reshape(tuple(value.shape))
 
 
 def scalar(value: ir.Value | None) -> float | None:
