@@ -6,6 +6,7 @@ The names below are loaded lazily so that fusing or running a model never import
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 __version__ = "0.1.0"
@@ -23,7 +24,19 @@ _LAZY = {
     "openvino_extension": "openvino_ext",  # imports openvino
 }
 
-__all__ = ["__version__", *_LAZY]
+# the package each optional module needs: names it cannot provide here stay out of __all__, so
+# that ``from rmsnorm_onnx import *``, help() and inspect work without it (asked for by name,
+# they raise the ImportError that says what is missing)
+_NEEDS = {"torch_module": "torch", "torch_patch": "torch", "torch_export": "torch",
+          "openvino_ext": "openvino"}  # fmt: skip
+__all__ = [
+    "__version__",
+    *(
+        name
+        for name, module in _LAZY.items()
+        if module not in _NEEDS or importlib.util.find_spec(_NEEDS[module]) is not None
+    ),
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -66,6 +66,9 @@ def library_path() -> str:
         return str(path)
     hint = _BUILD_HINT
     if (path.parent / "csrc").is_dir():  # wheels leave the sources out: this is a checkout
+        installed = _installed_library(name)  # python run in the checkout: the install's
+        if installed is not None:
+            return installed
         hint += (
             f"; if the package is installed, this source checkout ({path.parent.parent}) shadows "
             "it: run from another folder"
@@ -73,6 +76,23 @@ def library_path() -> str:
     raise RMSNormOnnxError(
         f"the rmsnorm_onnx custom-op library is not built ({path} missing): {hint}"
     )
+
+
+def _installed_library(name: str) -> str | None:
+    """The library of the installed rmsnorm_onnx distribution, where Python imports a source
+    checkout instead (run from the checkout's folder, the examples did)."""
+    import importlib.metadata
+
+    try:
+        files = importlib.metadata.distribution("rmsnorm_onnx").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name == name:
+            path = Path(str(file.locate())).resolve()
+            if path.is_file():
+                return str(path)
+    return None
 
 
 @functools.cache

@@ -48,6 +48,36 @@ def test_missing_library_says_how_to_build_it(monkeypatch):
         library_path()
 
 
+def test_python_run_in_a_source_checkout_finds_the_installed_library(monkeypatch, tmp_path):
+    """The README's examples, run from the repository's folder, import the checkout's package
+    (no library in it) instead of the installed one: they failed with "not built"."""
+    import importlib.metadata
+
+    name = runtime.LIBRARY_NAMES.get(sys.platform, "librmsnorm_onnx.so")
+    checkout = tmp_path / "repo" / "rmsnorm_onnx"
+    (checkout / "csrc").mkdir(parents=True)
+    installed = tmp_path / "site-packages" / "rmsnorm_onnx" / name
+    installed.parent.mkdir(parents=True)
+    installed.write_bytes(b"")
+
+    class File:
+        def __init__(self, path: Path) -> None:
+            self.name, self.path = path.name, path
+
+        def locate(self) -> Path:
+            return self.path
+
+    files = [File(installed.parent / "__init__.py"), File(installed)]
+    distribution = type("Distribution", (), {"files": files})
+    monkeypatch.delenv(runtime.LIBRARY_ENV, raising=False)
+    monkeypatch.setattr(runtime, "__file__", str(checkout / "runtime.py"))
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda _: distribution)
+    assert library_path() == str(installed.resolve())
+    files.clear()  # nothing installed: the error says the checkout shadows it
+    with pytest.raises(RMSNormOnnxError, match="shadows it: run from another folder"):
+        library_path()
+
+
 # --- session ------------------------------------------------------------------------------------
 
 
