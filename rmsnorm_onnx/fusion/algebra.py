@@ -24,7 +24,7 @@ from fractions import Fraction
 import numpy as np
 import onnx_ir as ir
 
-from .values import constant_array, filled_with, no_wider_than, rank, same_dim
+from .values import constant_array, filled_with, no_wider_than, rank, reshaped_dims, same_dim
 
 # the opset at which each reduction's axes moved from an attribute to an input
 AXES_INPUT_SINCE = {"ReduceSum": 13}
@@ -111,8 +111,7 @@ class Product:
             new = old + e * exponent
             # x·x/x is x but NaN where x is 0 or ±inf, ms/ms is 1 but NaN on a zero row
             if old * e * exponent < 0 and (new == 0 or isinstance(term, ir.Value)):
-                name = term.name if isinstance(term, ir.Value) else term.ms.x.name if isinstance(
-                    term, Shifted) else term.x.name  # fmt: skip
+                name = term.name if isinstance(term, ir.Value) else _mean_square(term).x.name
                 out.cancelled = out.cancelled or name or "a tensor"
             if new == 0:
                 out.powers.pop(key, None)
@@ -465,7 +464,7 @@ class Reader:
         (ms,) = mss.values()
         if ms.dropped and node.op_type != "Expand" and self._puts_back(node, value, ms, inner):
             return _kept(inner, ms)
-        if not ms.dropped and node.op_type != "Unsqueeze" and _no_wider(value, ms):
+        if not ms.dropped and node.op_type != "Unsqueeze" and _as_wide_as(value, ms.x):
             return inner.copy()
         return Product.leaf(value)
 
@@ -489,7 +488,9 @@ class Reader:
         shape, x_shape = value.shape, ms.x.shape
         target = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if target is not None:  # what the Reshape does, not what a value_info says it does
-            shape = _reshaped(target, x_shape, ms.axis, node.attributes.get_int("allowzero", 0))
+            lead = None if x_shape is None else list(x_shape)[: ms.axis]
+            allowzero = node.attributes.get_int("allowzero", 0)
+            shape = None if lead is None else reshaped_dims(lead, target, allowzero)
         if shape is None or x_shape is None or len(shape) != x_rank:
             return False
         lead = list(zip(list(shape)[: ms.axis], list(x_shape)[: ms.axis], strict=True))
@@ -673,27 +674,10 @@ class Reader:
         return float(n)
 
 
-def _reshaped(target: np.ndarray, x_shape: ir.Shape | None, axis: int, allowzero: int):
-    """The shape Reshape(ms, target) gives a mean of x without its axes from ``axis`` on (its
-    dims x's before them), where that can be told; else None."""
-    if x_shape is None:
-        return None
-    dims = list(x_shape)[:axis]
-    out: list[object] = []
-    for i, t in enumerate(int(v) for v in target.reshape(-1)):
-        if t == 0 and not allowzero:
-            if i >= len(dims):
-                return None
-            out.append(dims[i])
-        elif t == -1:  # the one left over: where every other dim is x's, x's own
-            if -1 in target[i + 1 :] or i >= len(dims):
-                return None
-            out.append(dims[i])
-        else:
-            out.append(t)
-    if -1 in target and not all(same_dim(a, b) for a, b in zip(out, dims, strict=False)):
-        return None
-    return out
+def _as_wide_as(value: ir.Value, x: ir.Value) -> bool:
+    """A kept statistic reshaped or expanded to ``value`` multiplies x as the statistic does:
+    x's rank, each dim 1 or x's."""
+    return rank(value) is not None and rank(value) == rank(x) and no_wider_than(value, x)
 
 
 def _drops_axes(node: ir.Node, x: ir.Value, axis: int) -> bool:
@@ -719,19 +703,6 @@ def _kept(read: Product, ms: MeanSquare) -> Product:
             term = kept
         out.powers[term_key(term)] = (term, e)
     return out
-
-
-def _no_wider(value: ir.Value, ms: MeanSquare) -> bool:
-    """Whether ``value`` (a kept statistic reshaped or expanded) has x's rank and each dim the
-    statistic's or x's: it multiplies x as the statistic itself does."""
-    shape, x_shape = value.shape, ms.x.shape
-    if shape is None or x_shape is None or len(shape) != len(x_shape):
-        return False
-    first = len(x_shape) + ms.axis if ms.axis < 0 else 0
-    dims = list(zip(list(shape), list(x_shape), strict=True))
-    return all(same_dim(d, x) for d, x in dims[:first]) and all(
-        d == 1 or same_dim(d, x) for d, x in dims[first:]
-    )
 
 
 def _dequantized_number(node: ir.Node) -> tuple[float, int] | None:

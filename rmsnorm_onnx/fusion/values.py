@@ -60,17 +60,9 @@ def _result_shape(node: ir.Node, shape: tuple[int, ...]) -> tuple[int, ...] | No
     constant operands (not from a value_info, which may be wrong); None otherwise."""
     operand = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
     if node.op_type == "Reshape":
-        if operand is None:
-            return None
-        try:
-            zero_copies = not node.attributes.get_int("allowzero", 0)
-            target = [
-                shape[i] if t == 0 and zero_copies and i < len(shape) else int(t)
-                for i, t in enumerate(operand.reshape(-1))
-            ]
-            return np.empty(shape).reshape(target).shape
-        except ValueError:
-            return None
+        allowzero = node.attributes.get_int("allowzero", 0)
+        dims = None if operand is None else reshaped_dims(list(shape), operand, allowzero)
+        return None if dims is None else tuple(dims)
     axes = operand if operand is not None else node.attributes.get_ints("axes", None)
     if node.op_type == "Unsqueeze" and axes is not None:
         rank = len(shape) + len(list(axes))
@@ -84,6 +76,38 @@ def _result_shape(node: ir.Node, shape: tuple[int, ...]) -> tuple[int, ...] | No
             return None
         return tuple(d for i, d in enumerate(shape) if (d != 1 if drop is None else i not in drop))
     return None
+
+
+def reshaped_dims(dims: list, target: np.ndarray, allowzero: int = 0) -> list | None:
+    """The dims Reshape(t, target) gives a t of ``dims`` (numbers or symbols), where that can be
+    told: 0 copies t's dim (unless allowzero); -1 is what is left, worked out from numbers, or
+    t's own dim where every other dim is t's; None where the sizes cannot match."""
+    out = [
+        dims[i] if t == 0 and not allowzero and i < len(dims) else int(t)
+        for i, t in enumerate(target.reshape(-1))
+    ]
+    if any(isinstance(d, int) and d < -1 for d in out) or out.count(-1) > 1:
+        return None
+    known = [d for d in out if d != -1]
+    if all(isinstance(d, int) for d in (*dims, *known)):
+        total, rest = int(np.prod(dims)), int(np.prod(known))
+        if -1 in out:
+            if rest == 0 or total % rest:
+                return None
+            out[out.index(-1)] = total // rest
+        return out if int(np.prod(out)) == total else None
+    if -1 in out:  # the dims other than 1 in order, one of them the -1
+        at = out.index(-1)
+        core = [(i, d) for i, d in enumerate(out) if d != 1]
+        wanted = [d for d in dims if d != 1]
+        if len(core) != len(wanted):
+            return None
+        for (i, d), e in zip(core, wanted, strict=True):
+            if i == at:
+                out[i] = e
+            elif not same_dim(d, e):
+                return None
+    return out
 
 
 def reshaped_constant(value: ir.Value | None) -> np.ndarray | None:
