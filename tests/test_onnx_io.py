@@ -112,14 +112,18 @@ def test_ctrl_c_during_a_commit_waits_for_the_whole_commit(tmp_path: Path, monke
     def replace_then_interrupt(src, dst):
         real_replace(src, dst)
         calls.append(dst)
-        if len(calls) == 1:
-            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C after the data file, before the model
+        if len(calls) == 1:  # Ctrl-C after the data file, before the model; raised in this
+            signal.raise_signal(signal.SIGINT)  # thread (os.kill may reach another thread)
 
     monkeypatch.setattr(onnx_io.os, "replace", replace_then_interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        onnx_io.commit(staged)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            onnx_io.commit(staged)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert [final.read_text() for _, final in staged] == ["new", "new"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_binary_model_loads_whatever_its_name_ends_in(tmp_path: Path) -> None:
