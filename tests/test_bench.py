@@ -169,22 +169,34 @@ def test_stream_copy_copies_every_pair_on_every_thread():
             [a.ctypes.data + 3 for a in src], [b.ctypes.data + 5 for b in dst], nbytes, threads
         )
         assert copy.bytes_moved == 4 * nbytes
-        for streaming in (False, True):
+        for kind in ("plain", "streaming"):
             for b in dst:
                 b[:] = 0
-            seconds = copy.seconds(streaming=streaming, repeat=2)
+            seconds = copy.seconds(kind, repeat=2)
             assert len(seconds) == 2 and all(t > 0 for t in seconds)
             for a, b in zip(src, dst, strict=True):
                 assert (b[5 : 5 + nbytes] == a[3 : 3 + nbytes]).all()
                 assert not b[:5].any() and not b[5 + nbytes :].any()  # nothing outside
         for streaming in (False, True):
             assert copy.timed(streaming=streaming) > 0
+        # the two directions apart: reading leaves every buffer as it was; writing fills each
+        # destination's bytes (not with zeros) and nothing else, and changes no source
+        for b in dst:
+            b[:] = 0
+        before = [a.copy() for a in src]
+        assert len(copy.seconds("read", repeat=2)) == 2
+        assert not any(b.any() for b in dst)
+        assert copy.seconds("write")[0] > 0
+        for a, b, was in zip(src, dst, before, strict=True):
+            assert b[5 : 5 + nbytes].all()
+            assert not b[:5].any() and not b[5 + nbytes :].any()
+            assert (a == was).all()
 
 
 def test_the_ceiling_is_the_faster_kind_of_copy():
     a, b = np.zeros(4096, np.uint8), np.zeros(4096, np.uint8)
     copy = stream_copy.StreamCopy([a.ctypes.data], [b.ctypes.data], 4096, 1)
-    plain, streamed = (copy.seconds(streaming=k, repeat=3) for k in (False, True))
+    plain, streamed = (copy.seconds(k, repeat=3) for k in ("plain", "streaming"))
     assert stream_copy.faster_kind(plain, [2 * max(plain)] * 3) == plain
     assert stream_copy.faster_kind([2 * max(streamed)] * 3, streamed) == streamed
     assert stream_copy.faster_kind([], streamed) == streamed  # a kind that never ran
@@ -194,6 +206,10 @@ def test_stream_copy_refuses_bad_arguments(monkeypatch, tmp_path):
     a, b = np.zeros(8, np.uint8), np.zeros(8, np.uint8)
     with pytest.raises(RMSNormOnnxError, match="bad arguments"):
         stream_copy.StreamCopy([a.ctypes.data], [b.ctypes.data], 8, 0).timed(streaming=False)
+    copy = stream_copy.StreamCopy([a.ctypes.data], [b.ctypes.data], 8, 1)
+    monkeypatch.setitem(stream_copy.KINDS, "sideways", 4)  # a kind the library does not have
+    with pytest.raises(RMSNormOnnxError, match="bad arguments"):
+        copy.seconds("sideways")
     monkeypatch.setenv(stream_copy.LIBRARY_ENV, str(tmp_path / "nope.so"))
     with pytest.raises(RMSNormOnnxError, match=r"nope\.so: no such file"):
         stream_copy.library_path()
@@ -534,3 +550,22 @@ def test_model_benchmark_splits_skip_norms_into_add_and_norm():
     y2, _ = reference.skip_rms_norm(s1, y1.astype(np.float32), w)
     for m in (model, split):
         np.testing.assert_allclose(session(m).run(None, feeds)[0], y2, rtol=1e-5, atol=1e-5)
+
+
+def test_memory_paths_prints_each_direction_per_thread_count(capsys):
+    """tools/memory_paths.py: a row per thread count, a positive GB/s for reading, writing and
+    copying."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "memory_paths.py"
+    spec = importlib.util.spec_from_file_location("memory_paths", path)
+    memory_paths = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(memory_paths)
+
+    assert memory_paths.main(["--mb", "1", "--threads", "1", "2", "--rounds", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "1 MB buffers; GB/s, median of 3 runs"
+    assert lines[1].split()[:2] == ["threads", "read"]
+    rows = [line.split() for line in lines[2:]]
+    assert [r[0] for r in rows] == ["1", "2"]
+    assert all(len(r) == 4 and all(float(v) > 0 for v in r[1:]) for r in rows)

@@ -5,7 +5,9 @@ Measured the way STREAM measures its Copy (``csrc/stream_copy.cc``, loaded throu
 copies its share of every input into an output, all threads start together and the time runs
 until the last is done, timed inside the library (no Python or ORT call in it). Copies with
 plain stores and with stores that bypass the caches are timed in turns and the faster kind is
-the ceiling: the best a copy does, so an op cannot beat it by its choice of stores.
+the ceiling: the best a copy does, so an op cannot beat it by its choice of stores. Reading the
+sources alone and streaming to the destinations alone time the memory's two directions apart
+(``tools/memory_paths.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ _NAMES = {
 }
 _NAME = _NAMES.get(sys.platform, _NAMES["linux"])
 _ERRORS = {1: "bad arguments", 2: "a thread could not be started"}
+# what each thread does to its share of every pair (the library's `kind`)
+KINDS = {"plain": 0, "streaming": 1, "read": 2, "write": 3}
 
 
 def library_path() -> str:
@@ -57,7 +61,7 @@ def library_path() -> str:
 @functools.cache
 def _function() -> Any:
     fn = ctypes.CDLL(library_path()).RmsnormOnnxStreamCopy
-    # (sources, destinations, pairs, bytes, threads, streaming, repeat, seconds) -> status
+    # (sources, destinations, pairs, bytes, threads, kind, repeat, seconds) -> status
     fn.argtypes = [
         ctypes.POINTER(ctypes.c_void_p),
         ctypes.POINTER(ctypes.c_void_p),
@@ -77,7 +81,8 @@ class StreamCopy:
     overlapping) on ``threads`` threads; ``bytes_moved`` is what one copy reads and writes.
 
     ``timed`` runs one copy with plain stores or with stores that bypass the caches; the ceiling is
-    the kind whose runs have the lower median (:func:`faster_kind`).
+    the kind whose runs have the lower median (:func:`faster_kind`). ``seconds`` also runs the
+    ``read`` and ``write`` kinds (:data:`KINDS`), which move half of ``bytes_moved``.
     """
 
     def __init__(
@@ -91,11 +96,12 @@ class StreamCopy:
         self.pairs, self.nbytes, self.threads = len(sources), nbytes, threads
         self.bytes_moved = 2 * self.pairs * nbytes
 
-    def seconds(self, *, streaming: bool, repeat: int = 1) -> list[float]:
-        """One untimed copy, then ``repeat`` timed ones: their seconds."""
+    def seconds(self, kind: str = "streaming", *, repeat: int = 1) -> list[float]:
+        """One untimed run of the kind (a key of :data:`KINDS`), then ``repeat`` timed ones:
+        their seconds."""
         out = (ctypes.c_double * repeat)()
         status = self._fn(
-            self._src, self._dst, self.pairs, self.nbytes, self.threads, int(streaming), repeat, out
+            self._src, self._dst, self.pairs, self.nbytes, self.threads, KINDS[kind], repeat, out
         )
         if status:
             raise RMSNormOnnxError(f"stream copy failed: {_ERRORS.get(status, status)}")
@@ -103,7 +109,7 @@ class StreamCopy:
 
     def timed(self, *, streaming: bool) -> float:
         """The seconds of one copy of the kind (after an untimed one)."""
-        return self.seconds(streaming=streaming)[0]
+        return self.seconds("streaming" if streaming else "plain")[0]
 
 
 def faster_kind(*runs: list[float]) -> list[float]:

@@ -1,6 +1,8 @@
 // librmsnorm_onnx_stream_copy: the kernel benchmark's memory ceiling, measured the way STREAM
 // measures its Copy: each thread copies its contiguous share of every source buffer into the
 // matching destination, all threads start together and the time runs until the last one is done.
+// Two more kinds time the memory's two directions apart (tools/memory_paths.py): reading the
+// sources only, and streaming stores to the destinations only.
 // A plain C API for rmsnorm_onnx/bench/stream_copy.py (ctypes); not part of the custom-op library,
 // which exports RegisterCustomOps alone.
 #include <algorithm>
@@ -77,13 +79,61 @@ void CopyStreaming(char* dst, const char* src, size_t n) {
 #endif
 }
 
+// Reads n bytes (16 at a time, the sum kept so the loads are not dropped).
+uint64_t ReadOnly(const char* src, size_t n) {
+#if RMSNORM_ONNX_HAVE_STREAM_STORES
+  __m128i acc = _mm_setzero_si128();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc = _mm_add_epi64(acc, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+  }
+  uint64_t lanes[2];
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(lanes), acc);
+  uint64_t sum = lanes[0] + lanes[1];
+#else
+  uint64_t sum = 0;
+  size_t i = 0;
+#endif
+  for (; i < n; ++i) sum += static_cast<unsigned char>(src[i]);
+  return sum;
+}
+
+// Writes n bytes of a counting pattern (every byte odd) with the stores CopyStreaming uses (no
+// read of the source). Not zeros: on the development VM, lines of zeros streamed to memory went
+// 3x as fast as other data (75-80 against 22-27 GB/s), which no op's output does.
+void WriteStreaming(char* dst, size_t n) {
+  constexpr char kByte = 0x5a;
+#if RMSNORM_ONNX_HAVE_STREAM_STORES
+  const size_t head = std::min(n, (kLine - reinterpret_cast<uintptr_t>(dst) % kLine) % kLine);
+  std::memset(dst, kByte, head);
+  dst += head;
+  n -= head;
+  __m128i v = _mm_set1_epi8(kByte);
+  const __m128i step = _mm_set1_epi32(1), odd = _mm_set1_epi8(1);
+  for (; n >= kLine; n -= kLine, dst += kLine) {
+    for (size_t k = 0; k < kLine; k += 16) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k), _mm_or_si128(v, odd));
+      v = _mm_add_epi32(v, step);
+    }
+  }
+  std::memset(dst, kByte, n);
+  _mm_sfence();
+#else
+  std::memset(dst, kByte, n);
+#endif
+}
+
+enum Kind { kPlainCopy = 0, kStreamingCopy = 1, kReadOnly = 2, kWriteOnly = 3 };
+
+std::atomic<uint64_t> read_sink{0};  // where ReadOnly's sums go
+
 struct Copy {
   const void* const* sources;
   void* const* destinations;
   int pairs;
   size_t bytes;
   int threads;
-  bool streaming;
+  Kind kind;
 
   // Thread t's share of every pair: [begin, end) of a split into line-aligned equal parts.
   void Share(int t) const {
@@ -93,10 +143,13 @@ struct Copy {
     for (int p = 0; p < pairs; ++p) {
       char* dst = static_cast<char*>(destinations[p]) + begin;
       const char* src = static_cast<const char*>(sources[p]) + begin;
-      if (streaming) {
-        CopyStreaming(dst, src, end - begin);
-      } else {
-        std::memcpy(dst, src, end - begin);
+      switch (kind) {
+        case kPlainCopy: std::memcpy(dst, src, end - begin); break;
+        case kStreamingCopy: CopyStreaming(dst, src, end - begin); break;
+        case kReadOnly:
+          read_sink.fetch_add(ReadOnly(src, end - begin), std::memory_order_relaxed);
+          break;
+        case kWriteOnly: WriteStreaming(dst, end - begin); break;
       }
     }
   }
@@ -106,23 +159,24 @@ struct Copy {
 
 // Copies sources[p] to destinations[p] (p < pairs, `bytes` each, buffers not overlapping) on
 // `threads` threads (the caller's and threads - 1 started here, joined before return): one
-// untimed repetition, then `repeat` timed ones, each one's wall time in seconds[i]. `streaming`
-// 1: stores that bypass the caches where the CPU has them; 0: memcpy. Returns 0, or 1 for bad
-// arguments, 2 when a thread could not be started.
+// untimed repetition, then `repeat` timed ones, each one's wall time in seconds[i]. `kind` 0:
+// memcpy; 1: stores that bypass the caches where the CPU has them; 2: read the sources only;
+// 3: write the destinations only, with 1's stores. Returns 0, or 1 for bad arguments, 2 when a
+// thread could not be started.
 RMSNORM_ONNX_STREAM_COPY_API int RmsnormOnnxStreamCopy(const void* const* sources,
                                                        void* const* destinations, int32_t pairs,
                                                        int64_t bytes, int32_t threads,
-                                                       int32_t streaming, int32_t repeat,
+                                                       int32_t kind, int32_t repeat,
                                                        double* seconds) {
   if (sources == nullptr || destinations == nullptr || seconds == nullptr || pairs < 1 ||
-      bytes < 0 || threads < 1 || repeat < 1) {
+      bytes < 0 || threads < 1 || repeat < 1 || kind < kPlainCopy || kind > kWriteOnly) {
     return 1;
   }
   for (int p = 0; p < pairs; ++p) {
     if (sources[p] == nullptr || destinations[p] == nullptr) return 1;
   }
   const Copy copy{sources, destinations, pairs, static_cast<size_t>(bytes), threads,
-                  streaming != 0};
+                  static_cast<Kind>(kind)};
   SpinBarrier barrier(threads);
   std::atomic<int> start{0};  // 1: every helper is running; -1: one could not be started
   auto work = [&](int t) {
