@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections import Counter
 from typing import Any
 
@@ -32,7 +33,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import op_schema
-from .onnx_io import all_graphs
+from .onnx_io import all_graphs, subgraphs
 
 __all__ = [
     "MIN_OPSET",
@@ -219,12 +220,37 @@ def _default_opset(model: onnx.ModelProto) -> int | None:
     return None
 
 
+def _our_body(domain: str, name: str) -> bool:
+    """Whether a model-local function is (in the place of) the body of one of our ops; other
+    functions of our domain are someone else's, kept."""
+    return domain == op_schema.DOMAIN and name in op_schema.OP_TYPES
+
+
+def foreign_bodies(model: onnx.ModelProto) -> list[str]:
+    """Notes on the functions in the place of our ops' bodies that this package did not write
+    (another definition under our op's name): the pass drops them like ours, and what a runtime
+    without our library computes for the node changes to the op's definition."""
+    notes = []
+    for f in model.functions:
+        mine = re.fullmatch(
+            rf"{re.escape(f.domain)}::{re.escape(f.name)} \(.*\) in plain ops", f.doc_string
+        )
+        if _our_body(f.domain, f.name) and not mine:
+            notes.append(
+                f"the model's function {f.domain}::{f.name}"
+                + (f" (overload '{f.overload}')" if f.overload else "")
+                + " was not written by rmsnorm_onnx: replaced by the op's definition (a runtime "
+                "without our library computed that body for the node, and computes the op now)"
+            )
+    return notes
+
+
 def remove(model: Any) -> int:
-    """Drop the model-local functions of our domain and the overload names of our nodes (in
-    place; an ``onnx.ModelProto`` or an ``onnx_ir.Model``). Returns how many functions went."""
+    """Drop the model-local functions of our ops and the overload names of our nodes (in place;
+    an ``onnx.ModelProto`` or an ``onnx_ir.Model``). Returns how many functions went."""
     if not isinstance(model, onnx.ModelProto):
         return _remove_ir(model)
-    kept = [f for f in model.functions if f.domain != op_schema.DOMAIN]
+    kept = [f for f in model.functions if not _our_body(f.domain, f.name)]
     removed = len(model.functions) - len(kept)
     if removed:
         del model.functions[:]
@@ -235,7 +261,7 @@ def remove(model: Any) -> int:
 
 
 def _remove_ir(model: Any) -> int:
-    ours = [key for key in model.functions if key[0] == op_schema.DOMAIN]
+    ours = [key for key in model.functions if _our_body(key[0], key[1])]
     for key in ours:
         del model.functions[key]
     for container in [model.graph, *model.functions.values()]:
@@ -259,9 +285,11 @@ def has_bodies(model: onnx.ModelProto) -> bool:
     return all((n.domain, n.op_type, n.overload) in defined for n in our_nodes(model))
 
 
-def _x_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element types of the model's values (main graph and subgraphs), from onnx's inference on
-    a copy whose initializers are only declared (their data is never copied)."""
+def _x_types(model: onnx.ModelProto) -> dict[int, int]:
+    """The element type of X of each node of ours (by the id of its NodeProto), from onnx's
+    inference on a copy whose initializers are only declared (their data is never copied).
+    Names are looked up from the node's graph outwards: a name can stand for tensors of other
+    types in sibling subgraphs (two If branches)."""
     light = onnx.ModelProto()
     light.ir_version = model.ir_version
     light.opset_import.extend(model.opset_import)
@@ -280,14 +308,28 @@ def _x_types(model: onnx.ModelProto) -> dict[str, int]:
     op_schema.register()
     with contextlib.suppress(Exception):  # an op onnx cannot infer: what the model declares
         light = onnx.shape_inference.infer_shapes(light, strict_mode=False)
-    types = {}
-    for g in all_graphs(light):
-        if isinstance(g, onnx.GraphProto):
-            for info in (*g.input, *g.output, *g.value_info):
-                if info.type.tensor_type.elem_type:
-                    types[info.name] = info.type.tensor_type.elem_type
-            types.update((t.name, t.data_type) for t in g.initializer)
-    return types
+    found: dict[int, int] = {}
+
+    def walk(g: Any, inferred: Any, outer: list[dict[str, int]]) -> None:
+        table = {
+            info.name: info.type.tensor_type.elem_type
+            for info in (*getattr(inferred, "input", []), *getattr(inferred, "output", []),
+                         *getattr(inferred, "value_info", []))
+            if info.type.tensor_type.elem_type
+        }  # fmt: skip
+        table.update((t.name, t.data_type) for t in getattr(inferred, "initializer", []))
+        scopes = [table, *outer]
+        for node, seen in zip(g.node, inferred.node, strict=True):
+            if _ours(node):
+                elem = next((s[node.input[0]] for s in scopes if node.input[0] in s), 0)
+                found[id(node)] = elem
+            for sub, sub_seen in zip(subgraphs(node), subgraphs(seen), strict=True):
+                walk(sub, sub_seen, scopes)
+
+    walk(model.graph, light.graph, [])
+    for function, inferred in zip(model.functions, light.functions, strict=True):
+        walk(function, inferred, [])
+    return found
 
 
 def _signature(node: onnx.NodeProto, elem_type: int) -> Variant:
@@ -362,7 +404,7 @@ def attach(model: onnx.ModelProto) -> Attached:
     types = _x_types(model) if opset < _CASTLIKE_OPSET else {}
     groups: dict[Variant, list[onnx.NodeProto]] = {}
     for node in nodes:
-        elem = types.get(node.input[0], 0) if types else 0
+        elem = types.get(id(node), 0) if types else 0
         if opset < _CASTLIKE_OPSET and not elem:
             done.notes.append(
                 f"{node.op_type} '{node.name}' has no function body: X's type is unknown and "

@@ -158,7 +158,7 @@ def fuse(
         raise InvalidModelError(f"{where}: {problems[0]}")
     proto, inlined = functions.inline_norm_functions(proto)  # each call site its own chain
     try:
-        model = ir.serde.deserialize_model(_infer_shapes(proto))
+        model = ir.serde.deserialize_model(_infer_shapes(preserve.hide_sparse(proto)))
     except Exception:
         _refuse_non_utf8(proto, where)
         raise
@@ -170,7 +170,9 @@ def fuse(
     # only what IN declared is written back: inferred shapes stay internal (value names can
     # repeat across subgraphs)
     declared = preserve.snapshot(proto, model)
-    report = FuseReport(target=tgt.name, notes=sorted_notes + inlined)
+    report = FuseReport(
+        target=tgt.name, notes=sorted_notes + inlined + op_functions.foreign_bodies(proto)
+    )
     raising.canonicalize(model, report, proto, base_dir)
 
     lower(model, tgt, report)  # every canonical node, raised here or already in the file
@@ -181,6 +183,7 @@ def fuse(
         _refuse_non_utf8(proto, where)
         raise
     _keep_required_inputs(fused)
+    report.notes += preserve.carry_over(proto, fused)
     fused.ir_version = preserve.ir_version(proto.ir_version, fused)
     if function_bodies:
         report.notes += op_functions.attach(fused).notes

@@ -24,7 +24,15 @@ from fractions import Fraction
 import numpy as np
 import onnx_ir as ir
 
-from .values import constant_array, filled_with, no_wider_than, rank, reshaped_dims, same_dim
+from .values import (
+    constant_array,
+    dim_number,
+    filled_with,
+    no_wider_than,
+    rank,
+    reshaped_dims,
+    same_dim,
+)
 
 # the opset at which each reduction's axes moved from an attribute to an input
 AXES_INPUT_SINCE = {"ReduceSum": 13}
@@ -340,6 +348,8 @@ class Reader:
         if src is None or value.dtype not in _PRECISION:
             return Product.leaf(value)
         const = constant_array(src, max_size=1)
+        if const is None:
+            const = dim_number(src)  # Cast(Gather(Shape(x), -1)): the size of a static dim
         if const is not None and const.size == 1 and _is_number(const):  # Cast(N) of an int N
             number = const.reshape(()).astype(value.dtype.numpy())
             return Product(coef=float(number), const_ndim=const.ndim)

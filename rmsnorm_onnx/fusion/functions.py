@@ -16,6 +16,7 @@ import onnx
 import onnx.inliner
 
 from .. import op_schema
+from ..errors import InvalidModelError
 from ..onnx_io import subgraphs
 from .algebra import STATISTIC_OPS
 from .sources import SOURCE_OPS
@@ -33,16 +34,18 @@ def _holds_norm(node: onnx.NodeProto) -> bool:
     return any(_holds_norm(n) for graph in subgraphs(node) for n in graph.node)
 
 
-def _calls(node: onnx.NodeProto) -> list[tuple[str, str]]:
-    found = [(node.domain, node.op_type)]
+def _calls(node: onnx.NodeProto) -> list[tuple[str, str, str]]:
+    found = [(node.domain, node.op_type, node.overload)]
     found += [call for graph in subgraphs(node) for n in graph.node for call in _calls(n)]
     return found
 
 
 def norm_functions(proto: onnx.ModelProto) -> list[tuple[str, str]]:
-    """(domain, name) of each model-local function that holds a norm, itself or in a callee."""
+    """(domain, name) of each model-local function that holds a norm, itself or in a callee, in
+    any of its IR 10 overloads (onnx's inliner selects by name: all overloads are inlined, which
+    changes nothing at run time)."""
     bodies = {
-        (f.domain, f.name): list(f.node)
+        (f.domain, f.name, f.overload): list(f.node)
         for f in proto.functions
         if f.domain not in (op_schema.DOMAIN, op_schema.MS_DOMAIN, *_DEFAULT)
     }  # (a function named as one of onnxruntime's ops is not what onnxruntime runs: its kernel)
@@ -54,7 +57,7 @@ def norm_functions(proto: onnx.ModelProto) -> list[tuple[str, str]]:
             if key not in marked and any(c in marked for n in nodes for c in _calls(n)):
                 marked.add(key)
                 changed = True
-    return sorted(marked)
+    return sorted({(domain, name) for domain, name, _ in marked})
 
 
 def _with_defaults(proto: onnx.ModelProto, selected: list[tuple[str, str]]) -> onnx.ModelProto:
@@ -86,12 +89,33 @@ def _with_defaults(proto: onnx.ModelProto, selected: list[tuple[str, str]]) -> o
     return proto
 
 
+def _opset_clash(proto: onnx.ModelProto) -> str | None:
+    """The first function that imports a domain of the model at another version, said."""
+    canon = {"ai.onnx": ""}
+    model = {canon.get(o.domain, o.domain): o.version for o in proto.opset_import}
+    for f in proto.functions:
+        for o in f.opset_import:
+            domain = canon.get(o.domain, o.domain)
+            if model.get(domain, o.version) != o.version:
+                return (
+                    f"function '{f.domain}::{f.name}' imports {domain or 'ai.onnx'} opset "
+                    f"{o.version} and the model opset {model[domain]}: a model's functions use "
+                    "its versions (onnx and onnxruntime refuse the file)"
+                )
+    return None
+
+
 def inline_norm_functions(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """``proto`` with the functions that hold a norm inlined; notes naming them."""
     selected = norm_functions(proto)
     if not selected:
         return proto, []
-    inlined = onnx.inliner.inline_selected_functions(_with_defaults(proto, selected), selected)
+    try:
+        inlined = onnx.inliner.inline_selected_functions(_with_defaults(proto, selected), selected)
+    except RuntimeError as e:
+        if clash := _opset_clash(proto):
+            raise InvalidModelError(clash) from None
+        raise InvalidModelError(f"cannot inline the functions holding a norm: {e}") from None
     inlined.ir_version = proto.ir_version
     names = ", ".join(f"{d}::{n}" for d, n in selected)
     return inlined, [f"inlined the function(s) holding a norm at their call sites: {names}"]

@@ -1,4 +1,5 @@
-"""What the pass keeps of its input: the declared value types, the IR version.
+"""What the pass keeps of its input: the declared value types, the IR version, what onnx-ir does
+not carry (sparse initializers, training info).
 
 Matching runs on shapes onnx infers, but those stay internal: written back, they can contradict
 each other where a model reuses a name across subgraphs (optimum's merged decoder does, for a 1-D
@@ -11,10 +12,14 @@ transformers optimizer), and a value the pass makes may be given such a name.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import onnx
 import onnx_ir as ir
 from onnx import helper
 
+from ..errors import InvalidModelError
+from ..onnx_io import all_graphs
 from .driver import containers
 
 # onnxruntime 1.31, the newest release tested, reads IR versions up to 13
@@ -43,14 +48,28 @@ def _kept(table: Declared, graph: ir.Graph) -> Kept:
     return {id(v): (v, *table[v.name]) for v in values if v.name in table}
 
 
-def snapshot(proto: onnx.ModelProto, model: ir.Model) -> dict[int, Kept]:
+@dataclass
+class Snapshot:
+    """What the input declared, per graph and function, keyed by the id of the IR graph (a
+    function's: its ``graph``): for each value, and for each graph output by position (a value
+    the pass makes can take an output's place, and a subgraph's outputs need their shape:
+    onnxruntime's Scan refuses a body output without one)."""
+
+    values: dict[int, Kept] = field(default_factory=dict)
+    outputs: dict[int, list[tuple[ir.TypeProtocol | None, ir.Shape | None]]] = field(
+        default_factory=dict
+    )
+
+
+def snapshot(proto: onnx.ModelProto, model: ir.Model) -> Snapshot:
     """What ``proto`` declared for each value of ``model`` (its deserialized form, before any
-    rewrite), per graph and function, keyed by the id of the IR graph (a function's: its
-    ``graph``)."""
-    tables: dict[int, Kept] = {}
+    rewrite)."""
+    tables = Snapshot()
 
     def walk(graph_proto: onnx.GraphProto, graph: ir.Graph) -> None:
-        tables[id(graph)] = _kept(_graph_table(graph_proto), graph)
+        table = _graph_table(graph_proto)
+        tables.values[id(graph)] = _kept(table, graph)
+        tables.outputs[id(graph)] = [table.get(v.name, (None, None)) for v in graph.outputs]
         for node_proto, node in zip(graph_proto.node, graph, strict=True):
             for attr in node_proto.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
@@ -66,11 +85,11 @@ def snapshot(proto: onnx.ModelProto, model: ir.Model) -> dict[int, Kept]:
         f_proto = functions.get(key)
         if f_proto is not None:
             declared = _declared(getattr(f_proto, "value_info", []))
-            tables[id(function.graph)] = _kept(declared, function.graph)
+            tables.values[id(function.graph)] = _kept(declared, function.graph)
     return tables
 
 
-def restore(model: ir.Model, tables: dict[int, Kept]) -> None:
+def restore(model: ir.Model, tables: Snapshot) -> None:
     """Give every value the type and shape the input declared for it, or none (new values)."""
     for container in containers(model):
         graphs = [container.graph if isinstance(container, ir.Function) else container]
@@ -81,7 +100,8 @@ def restore(model: ir.Model, tables: dict[int, Kept]) -> None:
                 elif attr.type == ir.AttributeType.GRAPHS:
                     graphs.extend(attr.value)
         for graph in graphs:
-            table = tables.get(id(graph), {})
+            table = tables.values.get(id(graph), {})
+            outputs = tables.outputs.get(id(graph), [])
             values = [*graph.inputs, *graph.outputs, *graph.initializers.values()]
             values += [v for node in graph for v in node.outputs]
             for value in values:
@@ -89,8 +109,11 @@ def restore(model: ir.Model, tables: dict[int, Kept]) -> None:
                     continue  # unique names: the inferred shape helps onnx.checker and users
                 _, declared_type, declared_shape = table.get(id(value), (None, None, None))
                 if value.is_graph_output() and declared_type is None:
-                    declared_type = value.type  # outputs need a type; the replaced one's
-                    declared_shape = None
+                    # a new value in an output's place: what the input declared there (the
+                    # same tensor), else its type (outputs need one)
+                    place = graph.outputs.index(value)
+                    was_type, was_shape = outputs[place] if place < len(outputs) else (None, None)
+                    declared_type, declared_shape = was_type or value.type, was_shape
                 value.type, value.shape = declared_type, declared_shape
 
 
@@ -102,3 +125,57 @@ def ir_version(original: int, model: onnx.ModelProto) -> int:
     if original > ORT_MAX_IR_VERSION:
         return needed
     return max(original, needed)
+
+
+def hide_sparse(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with its sparse initializers declared as graph inputs instead (a copy, where it
+    has any), for onnx-ir, which drops them: the pass then treats them as the non-constant
+    tensors they are to it, and :func:`carry_over` puts them back."""
+    sparse = proto.graph.sparse_initializer
+    for graph in all_graphs(proto):
+        if graph is not proto.graph and getattr(graph, "sparse_initializer", None):
+            raise InvalidModelError(
+                f"subgraph '{graph.name}' holds sparse initializers, which the pass cannot keep"
+            )
+    if not sparse:
+        return proto
+    hidden = onnx.ModelProto()
+    hidden.CopyFrom(proto)
+    declared = {v.name for v in hidden.graph.input}
+    for tensor in sparse:
+        if tensor.values.name not in declared:
+            hidden.graph.input.append(
+                helper.make_tensor_value_info(
+                    tensor.values.name, tensor.values.data_type, list(tensor.dims)
+                )
+            )
+    del hidden.graph.sparse_initializer[:]
+    return hidden
+
+
+def carry_over(proto: onnx.ModelProto, fused: onnx.ModelProto) -> list[str]:
+    """Give ``fused`` the input's sparse initializers (no longer graph inputs) and training info
+    (in place); notes on training info that names initializers the pass removed."""
+    sparse = {t.values.name for t in proto.graph.sparse_initializer}
+    if sparse:
+        declared = {v.name for v in proto.graph.input}
+        kept = [v for v in fused.graph.input if v.name not in sparse or v.name in declared]
+        del fused.graph.input[:]
+        fused.graph.input.extend(kept)
+        fused.graph.sparse_initializer.extend(proto.graph.sparse_initializer)
+    fused.training_info.extend(proto.training_info)
+    present = {t.name for t in fused.graph.initializer} | sparse
+    gone = sorted(
+        {
+            binding.key
+            for info in proto.training_info
+            for binding in info.update_binding
+            if binding.key not in present
+        }
+    )
+    if gone:
+        return [
+            "training_info kept, but it updates initializers the fused graph no longer has: "
+            + ", ".join(gone)
+        ]
+    return []

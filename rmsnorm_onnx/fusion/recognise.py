@@ -51,7 +51,8 @@ from .values import (
 # the ops a norm is made of, and Q/DQ (walked through to say that they round the chain)
 WALK_OPS = frozenset(
     {"Mul", "Div", "Reciprocal", "Sqrt", "Pow", "Add", "Cast", "CastLike", "Identity",
-     "QuantizeLinear", "DequantizeLinear", "Unsqueeze", "Reshape", "Expand"}
+     "QuantizeLinear", "DequantizeLinear", "Unsqueeze", "Reshape", "Expand",
+     "Max", "Min", "Clip"}  # never part of a norm: walked for the reason they give
 )  # fmt: skip
 _DEPTH = 12  # ops from the statistic to the norm's output: Add, Sqrt, Reciprocal, Mul, Cast, Mul...
 _COEF_TOLERANCE = 4e-7  # 1/N folded in float32 (1/768, 1/√N) rounds: a few ulp of 1 is 1
@@ -206,6 +207,8 @@ def _input(value: ir.Value, read: Product, numerator: ir.Value, ms: MeanSquare) 
         raise _Not(f"the input is {_dtype(x)}, not float/float16/bfloat16", _SURE)
     if read.narrowest < precision(x.dtype):
         raise _Not("a Cast inside the chain rounds below the input's precision", _SURE)
+    if rank(x) == 0:  # x²/mean(x²) of a scalar: sign(x), which our op (rank >= 1) does not take
+        raise _Not("the input is a scalar (rank 0): the op normalizes tensors of rank >= 1", _SURE)
     n_axes = -ms.axis if ms.axis < 0 else None
     bound = rank(x) if rank(x) is not None else (n_axes or 0)
     if read.const_ndim > bound:  # a constant of more dims than x broadcasts the result up

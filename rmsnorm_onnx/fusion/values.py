@@ -119,6 +119,33 @@ def reshaped_constant(value: ir.Value | None) -> np.ndarray | None:
     return array.reshape(tuple(value.shape))
 
 
+def dim_number(value: ir.Value | None) -> np.ndarray | None:
+    """A dim of a tensor read at run time whose size the graph fixes: Gather(Shape(t), i) with a
+    constant i (TorchScript's ``x.shape[-1]`` under dynamic batch and sequence axes), where t's
+    dim is a known number; its size, shaped as i. None otherwise."""
+    node = None if value is None else value.producer()
+    if node is None or node.op_type != "Gather" or node.domain not in DEFAULT_DOMAINS:
+        return None
+    shape_node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    index = constant_array(node.inputs[1] if len(node.inputs) > 1 else None, max_size=1)
+    if shape_node is None or shape_node.op_type != "Shape" or index is None or index.size != 1:
+        return None
+    if shape_node.domain not in DEFAULT_DOMAINS or node.attributes.get_int("axis", 0) != 0:
+        return None
+    tensor = shape_node.inputs[0]
+    if tensor is None or tensor.shape is None:
+        return None
+    dims = list(tensor.shape)
+    start, end = (
+        shape_node.attributes.get_int(k, d) for k, d in (("start", 0), ("end", len(dims)))
+    )
+    dims = dims[slice(start, end)]
+    i = int(index.reshape(()))
+    if not -len(dims) <= i < len(dims) or not isinstance(dims[i], int):
+        return None
+    return np.full(index.shape, dims[i], np.int64)
+
+
 def scalar(value: ir.Value | None) -> float | None:
     """A constant holding exactly one number, as a float; None otherwise."""
     array = constant_array(value, max_size=1)

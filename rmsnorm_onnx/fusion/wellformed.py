@@ -116,7 +116,7 @@ def _sort_graph(graph: onnx.GraphProto, outer: set[str], name: str, apply: bool)
     notes = []
     order = _ordered(list(graph.node), defined)
     if order is not None:
-        notes.append(f"put the nodes of {name} in topological order (as onnxruntime does on load)")
+        notes.append(f"put the nodes of {name} in topological order, as ONNX requires")
         if apply:
             _reorder(graph, order)
     defined |= {o for n in graph.node for o in n.output}

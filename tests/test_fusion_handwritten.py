@@ -1,0 +1,67 @@
+"""RMSNorms written by hand in torch the way codebases write them, exported by torch's own
+exporters and fused: the count of norms read from ``x.shape[-1]`` at run time (TorchScript
+writes Shape -> Gather -> Cast under dynamic batch and sequence axes) is the static hidden size.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from rmsnorm_onnx.fusion import fuse
+from rmsnorm_onnx.runtime import session
+
+HIDDEN = 64
+
+
+class SumOverWidth(nn.Module):
+    """mean(x²) as a sum over the last axis divided by its width read from the shape."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / torch.sqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + 1e-6)
+
+
+class PaperRMSNorm(nn.Module):
+    """The RMSNorm paper's code: ‖x‖·d^-½ with d read from the shape, ε outside the root."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, HIDDEN))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rms = x.norm(2, dim=-1, keepdim=True) * x.shape[-1] ** -0.5
+        return self.scale * x / (rms + 1e-8)
+
+
+def _export(module: nn.Module, path, dynamic: dict) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module, (torch.randn(2, 5, HIDDEN),), str(path), dynamo=False, opset_version=17,
+            input_names=["x"], output_names=["y"], dynamic_axes=dynamic,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("module", [SumOverWidth(), PaperRMSNorm()], ids=lambda m: type(m).__name__)
+def test_the_width_read_from_the_shape_is_the_static_hidden_size(module, tmp_path):
+    path = tmp_path / "m.onnx"
+    _export(module, path, {"x": {0: "batch", 1: "sequence"}})
+    fused, report = fuse(path, verify=True)
+    assert report.fused_count == 1 and report.verified, report.skipped
+    assert [n.op_type for n in fused.graph.node] == ["RMSNorm"]  # Shape, Gather, Cast gone too
+    x = np.random.default_rng(0).standard_normal((3, 7, HIDDEN)).astype(np.float32)
+    with torch.no_grad():
+        want = module(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(session(fused).run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_width_the_graph_does_not_fix_is_not_taken_for_one(tmp_path):
+    path = tmp_path / "m.onnx"
+    _export(SumOverWidth(), path, {"x": {0: "batch", 1: "sequence", 2: "hidden"}})
+    _, report = fuse(path)
+    assert report.fused_count == 0
+    assert report.skipped, "a norm left alone is reported"
