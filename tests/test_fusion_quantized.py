@@ -158,3 +158,20 @@ def test_onnxruntime_float16_converter_files_fuse_every_norm(
     err, half_err = np.abs(got - exact).max(), np.abs(half_got - exact).max()
     _, atol = tolerance(np.float16)
     assert err <= max(half_err, atol * MODEL_TOLERANCE_FACTOR), (err, half_err)
+
+
+def test_standard_target_keeps_a_quantized_model_at_an_opset_onnxruntime_loads(
+    llama, tmp_path: Path
+) -> None:
+    # RMSNormalization needs opset 23, and onnxruntime refuses the quantizer's 8-bit
+    # QuantizeLinear raised to 21 or later: the norms are written as plain ops, and said so
+    src, norms = llama
+    quantized = quantize(src, "static-matmul")
+    out = tmp_path / "standard.onnx"
+    report = fuse_file(quantized, out, target="standard")
+    where = report.summary(verbose=True)
+    assert sum(report.converted.values()) == norms, where
+    assert any("QuantizeLinear" in note and "plain ops" in note for note in report.notes), where
+    written = onnx.load(out, load_external_data=False)
+    assert all(o.version < 21 for o in written.opset_import if o.domain in ("", "ai.onnx"))
+    assert_runs_like(out, quantized, _ids(seed=7), where)  # a plain onnxruntime session

@@ -140,6 +140,13 @@ _UPGRADES: dict[str, tuple[int, Callable[[ir.Node, int], None]]] = {
 }
 
 
+# ops whose meaning the raise keeps but onnxruntime does not load raised: a QuantizeLinear
+# of a tiny Llama quantized to 8 bits by onnxruntime's quantize_static, raised from 17 to 21 or
+# 23 (here or by onnx's version converter), "output_dtype INT8 does not match y_zero_point type
+# UINT8" at session creation (it loads with graph optimizations at basic or off)
+_ORT_REFUSES_RAISED = {"QuantizeLinear": 21}
+
+
 def _nodes(container: ir.Graph | ir.Function) -> Iterator[ir.Node]:
     yield from ir.traversal.RecursiveGraphIterator(container)
 
@@ -160,6 +167,14 @@ def blockers(model: ir.Model, to: int = STANDARD_OPSET) -> list[str]:
             since = upgrade[0] if upgrade is not None and opset < upgrade[0] else opset
             if not unchanged(node.op_type, since, to):
                 problems.add(f"{node.op_type} (opset {opset})")
+            elif (
+                node.op_type in _ORT_REFUSES_RAISED
+                and opset < _ORT_REFUSES_RAISED[node.op_type] <= to
+            ):
+                problems.add(
+                    f"{node.op_type} (opset {opset}; onnxruntime's optimizer, 1.31 checked, "
+                    f"refuses it raised to opset {_ORT_REFUSES_RAISED[node.op_type]} or later)"
+                )
     return sorted(problems)
 
 
