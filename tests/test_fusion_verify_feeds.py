@@ -181,3 +181,33 @@ def test_verify_feeds_a_0d_input_of_any_type(elem: int, fused_library: str) -> N
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
     _, report = fuse(model, verify=True)
     assert sum(report.fused.values()) == 2 and report.verified, report.summary(verbose=True)
+
+
+class _FakeSession:
+    """What _compare reads of an onnxruntime session: no inputs, one output of given values."""
+
+    def __init__(self, out: np.ndarray) -> None:
+        self.out = out
+
+    def get_inputs(self) -> list:
+        return []
+
+    def get_outputs(self) -> list:
+        return [type("Meta", (), {"name": "y"})()]
+
+    def run(self, names, feeds) -> list:
+        return [self.out]
+
+
+@pytest.mark.parametrize("weights", [np.float16, np.float32])
+def test_a_float16_mismatch_says_why_a_float16_model_can_drift(weights) -> None:
+    from rmsnorm_onnx.fusion.verify import _compare
+
+    w = numpy_helper.from_array(np.ones(4, weights), "w")
+    graph = helper.make_graph([], "g", [], [], [w])
+    original = helper.make_model(graph)
+    want = np.ones(4, np.float32)
+    with pytest.raises(RMSNormOnnxError, match="differs from the original") as error:
+        _compare(original, _FakeSession(want), _FakeSession(want + 0.5), {})
+    said = "the fused op computes them in float32" in str(error.value)
+    assert said == (weights is np.float16)

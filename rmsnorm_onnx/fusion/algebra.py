@@ -644,6 +644,9 @@ class Reader:
         op = node.op_type
         axes: list[int] | None
         if self.opset >= AXES_INPUT_SINCE.get(op, AXES_INPUT_DEFAULT):
+            if "axes" in node.attributes:  # MatMulNBitsQuantizer raises opsets, not axes
+                why = f"{op} has an 'axes' attribute at opset {self.opset}, where axes are an input"
+                return Miss(f"{why} (not valid ONNX: onnxruntime refuses the file)", node)
             axes_value = node.inputs[1] if len(node.inputs) > 1 else None
             if axes_value is None:
                 axes = None

@@ -222,7 +222,19 @@ def _compare(
         expected = _run(ref_sess, feeds, "the original")
     got = _run(new_sess, feeds, "the fused model")
     names = [meta.name for meta in new_sess.get_outputs()]
-    check_outputs(names, expected, got, lambda dtype: tolerance(_working_type(original, dtype)))
+    try:
+        check_outputs(names, expected, got, lambda d: tolerance(_working_type(original, d)))
+    except RMSNormOnnxError as e:
+        half = _working_type(original, np.dtype(np.float32))
+        if half not in _HALF.values() or "differs from the original" not in str(e):
+            raise
+        raise RMSNormOnnxError(
+            f"{e}. The original computes in {half}: where its norms round their mean and root "
+            f"to {half}, the fused op computes them in float32 (the op's contract), and through "
+            "a model's layers the two drift apart by more than this check allows (onnxruntime's "
+            "float16 converter writes such norms); compare both with the float32 model, or "
+            "fuse without --verify"
+        ) from None
 
 
 def check_outputs(
