@@ -239,8 +239,8 @@ def foreign_bodies(model: onnx.ModelProto) -> list[str]:
             notes.append(
                 f"the model's function {f.domain}::{f.name}"
                 + (f" (overload '{f.overload}')" if f.overload else "")
-                + " was not written by rmsnorm_onnx: replaced by the op's definition (a runtime "
-                "without our library computed that body for the node, and computes the op now)"
+                + " does not say it was written by rmsnorm_onnx: replaced by the op's definition "
+                "(if it defined something else, runtimes without our library now compute the op)"
             )
     return notes
 
@@ -311,12 +311,13 @@ def _x_types(model: onnx.ModelProto) -> dict[int, int]:
     found: dict[int, int] = {}
 
     def walk(g: Any, inferred: Any, outer: list[dict[str, int]]) -> None:
-        table = {
+        infos = [*getattr(inferred, "input", []), *getattr(inferred, "output", [])]
+        infos += getattr(inferred, "value_info", [])
+        table = {  # (a function's inputs and outputs are names, without types)
             info.name: info.type.tensor_type.elem_type
-            for info in (*getattr(inferred, "input", []), *getattr(inferred, "output", []),
-                         *getattr(inferred, "value_info", []))
-            if info.type.tensor_type.elem_type
-        }  # fmt: skip
+            for info in infos
+            if isinstance(info, onnx.ValueInfoProto) and info.type.tensor_type.elem_type
+        }
         table.update((t.name, t.data_type) for t in getattr(inferred, "initializer", []))
         scopes = [table, *outer]
         for node, seen in zip(g.node, inferred.node, strict=True):

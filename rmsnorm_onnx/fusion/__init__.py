@@ -162,6 +162,7 @@ def fuse(
     except Exception:
         _refuse_non_utf8(proto, where)
         raise
+    preserve.unknown_negative_dims(model)
     opset.one_default_import(model)  # "ai.onnx" is the default domain too: one name from here
     opset.our_version(model)
     op_functions.remove(model)  # our ops' bodies: never raised; written afresh below if wanted

@@ -89,32 +89,51 @@ def snapshot(proto: onnx.ModelProto, model: ir.Model) -> Snapshot:
     return tables
 
 
-def restore(model: ir.Model, tables: Snapshot) -> None:
-    """Give every value the type and shape the input declared for it, or none (new values)."""
+def _graphs(model: ir.Model) -> list[ir.Graph]:
+    """Every graph of the model: the main one, the functions', every subgraph in them."""
+    graphs = []
     for container in containers(model):
-        graphs = [container.graph if isinstance(container, ir.Function) else container]
+        graphs.append(container.graph if isinstance(container, ir.Function) else container)
         for node in ir.traversal.RecursiveGraphIterator(container):
             for attr in node.attributes.values():
                 if attr.type == ir.AttributeType.GRAPH:
                     graphs.append(attr.value)
                 elif attr.type == ir.AttributeType.GRAPHS:
                     graphs.extend(attr.value)
-        for graph in graphs:
-            table = tables.values.get(id(graph), {})
-            outputs = tables.outputs.get(id(graph), [])
-            values = [*graph.inputs, *graph.outputs, *graph.initializers.values()]
-            values += [v for node in graph for v in node.outputs]
-            for value in values:
-                if graph is model.graph and value in graph.outputs:
-                    continue  # unique names: the inferred shape helps onnx.checker and users
-                _, declared_type, declared_shape = table.get(id(value), (None, None, None))
-                if value.is_graph_output() and declared_type is None:
-                    # a new value in an output's place: what the input declared there (the
-                    # same tensor), else its type (outputs need one)
-                    place = graph.outputs.index(value)
-                    was_type, was_shape = outputs[place] if place < len(outputs) else (None, None)
-                    declared_type, declared_shape = was_type or value.type, was_shape
-                value.type, value.shape = declared_type, declared_shape
+    return graphs
+
+
+def _values(graph: ir.Graph) -> list[ir.Value]:
+    values = [*graph.inputs, *graph.outputs, *graph.initializers.values()]
+    return values + [v for node in graph for v in node.outputs]
+
+
+def unknown_negative_dims(model: ir.Model) -> None:
+    """A dim declared -1 (some exporters' dynamic dim, which onnxruntime takes as any size) is
+    an unknown dim to the pass, not the number -1 (restore writes the declaration back)."""
+    for value in (v for graph in _graphs(model) for v in _values(graph)):
+        if value.shape is not None and any(isinstance(d, int) and d < 0 for d in value.shape):
+            value.shape = ir.Shape(
+                [None if isinstance(d, int) and d < 0 else d for d in value.shape]
+            )
+
+
+def restore(model: ir.Model, tables: Snapshot) -> None:
+    """Give every value the type and shape the input declared for it, or none (new values)."""
+    for graph in _graphs(model):
+        table = tables.values.get(id(graph), {})
+        outputs = tables.outputs.get(id(graph), [])
+        for value in _values(graph):
+            if graph is model.graph and value in graph.outputs:
+                continue  # unique names: the inferred shape helps onnx.checker and users
+            _, declared_type, declared_shape = table.get(id(value), (None, None, None))
+            if value.is_graph_output() and declared_type is None:
+                # a new value in an output's place: what the input declared there (the same
+                # tensor), else its type (outputs need one)
+                place = graph.outputs.index(value)
+                was_type, was_shape = outputs[place] if place < len(outputs) else (None, None)
+                declared_type, declared_shape = was_type or value.type, was_shape
+            value.type, value.shape = declared_type, declared_shape
 
 
 def ir_version(original: int, model: onnx.ModelProto) -> int:
@@ -163,6 +182,16 @@ def carry_over(proto: onnx.ModelProto, fused: onnx.ModelProto) -> list[str]:
         del fused.graph.input[:]
         fused.graph.input.extend(kept)
         fused.graph.sparse_initializer.extend(proto.graph.sparse_initializer)
+    if not proto.training_info:
+        return []
+    before, after = (
+        {o.version for o in m.opset_import if o.domain in ("", "ai.onnx")} for m in (proto, fused)
+    )
+    if before != after:  # its graphs run at the model's opset, which the target raised
+        return [
+            f"training_info dropped: its graphs are written for opset {min(before, default=0)}, "
+            f"the fused model's is {min(after, default=0)}"
+        ]
     fused.training_info.extend(proto.training_info)
     present = {t.name for t in fused.graph.initializer} | sparse
     gone = sorted(

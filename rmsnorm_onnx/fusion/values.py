@@ -141,8 +141,8 @@ def dim_number(value: ir.Value | None) -> np.ndarray | None:
     )
     dims = dims[slice(start, end)]
     i = int(index.reshape(()))
-    if not -len(dims) <= i < len(dims) or not isinstance(dims[i], int):
-        return None
+    if not -len(dims) <= i < len(dims) or not isinstance(dims[i], int) or dims[i] < 0:
+        return None  # (some exporters write a dynamic dim as -1)
     return np.full(index.shape, dims[i], np.int64)
 
 
@@ -167,7 +167,7 @@ def static_dims(value: ir.Value, axis: int) -> list[int] | None:
     if value.shape is None:
         return None
     dims = list(value.shape)[axis:]
-    return dims if all(isinstance(d, int) for d in dims) else None
+    return dims if all(isinstance(d, int) and d >= 0 for d in dims) else None  # -1: dynamic
 
 
 def rank(value: ir.Value) -> int | None:
