@@ -30,6 +30,7 @@ __all__ = [
     "data_path",
     "external_reference",
     "hf_blobs",
+    "inferred_without_weights",
     "load_model",
     "new_temp_beside",
     "output_target",
@@ -69,6 +70,30 @@ def all_graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto | onnx.Functi
         yield graph
         for node in graph.node:
             stack.extend(subgraphs(node))
+
+
+def inferred_without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose initializers are only declared (as graph inputs: their data is
+    never copied, so this is cheap for any model), after onnx's shape inference where it runs
+    (else as declared): for reading the types of its values."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph = light.graph
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    declared = {i.name for i in model.graph.input}
+    graph.input.extend(
+        helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in model.graph.initializer
+        if t.name not in declared
+    )
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    with contextlib.suppress(Exception):  # an op onnx cannot infer: what the model declares
+        light = onnx.shape_inference.infer_shapes(light, strict_mode=False)
+    return light
 
 
 def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:

@@ -22,7 +22,6 @@ X type). Only nodes passing other optional inputs need another body: an IR 10 ov
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
 from collections import Counter
@@ -33,7 +32,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import op_schema
-from .onnx_io import all_graphs, subgraphs
+from .onnx_io import all_graphs, inferred_without_weights, subgraphs
 
 __all__ = [
     "MIN_OPSET",
@@ -290,24 +289,8 @@ def _x_types(model: onnx.ModelProto) -> dict[int, int]:
     inference on a copy whose initializers are only declared (their data is never copied).
     Names are looked up from the node's graph outwards: a name can stand for tensors of other
     types in sibling subgraphs (two If branches)."""
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
-    graph = light.graph
-    graph.node.extend(model.graph.node)
-    graph.input.extend(model.graph.input)
-    declared = {i.name for i in model.graph.input}
-    graph.input.extend(
-        helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-        for t in model.graph.initializer
-        if t.name not in declared
-    )
-    graph.output.extend(model.graph.output)
-    graph.value_info.extend(model.graph.value_info)
-    op_schema.register()
-    with contextlib.suppress(Exception):  # an op onnx cannot infer: what the model declares
-        light = onnx.shape_inference.infer_shapes(light, strict_mode=False)
+    op_schema.register()  # our ops' outputs: typed as X
+    light = inferred_without_weights(model)
     found: dict[int, int] = {}
 
     def walk(g: Any, inferred: Any, outer: list[dict[str, int]]) -> None:

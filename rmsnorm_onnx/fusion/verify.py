@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -240,21 +239,8 @@ def _compare(
 
 
 def _half_statistic(model: onnx.ModelProto) -> str | None:
-    """The half-precision type a mean of squares of the main graph is taken in, if one is (from
-    onnx's inference on a copy whose initializers are only declared)."""
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.graph.node.extend(model.graph.node)
-    light.graph.input.extend(model.graph.input)
-    light.graph.input.extend(
-        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-        for t in model.graph.initializer
-    )
-    light.graph.output.extend(model.graph.output)
-    light.graph.value_info.extend(model.graph.value_info)
-    with contextlib.suppress(Exception):  # what the model declares
-        light = onnx.shape_inference.infer_shapes(light, strict_mode=False)
+    """The half-precision type a mean of squares of the main graph is taken in, if one is."""
+    light = onnx_io.inferred_without_weights(model)
     graph = light.graph
     types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info)}
     for node in graph.node:
