@@ -367,3 +367,30 @@ def test_training_info_is_dropped_with_a_note_where_the_target_raises_the_opset(
     assert any("training_info dropped" in n and "17" in n for n in report.notes), report.notes
     kept, _ = fuse(model, target="custom")  # no opset change: kept
     assert len(kept.training_info) == 1
+
+
+def test_a_residual_of_operands_declared_minus_one_is_not_proved_full_width():
+    # two dims declared -1 are two unknown sizes, not one: b may broadcast within a row
+    nodes = [helper.make_node("Add", ["a", "b"], ["x"]), *_norm("x", "y")]
+    graph = helper.make_graph(
+        nodes, "g", [_info("a", [2, 3, -1]), _info("b", [2, 3, -1])], [_info("y", None)],
+        [numpy_helper.from_array(W, "w")],
+    )  # fmt: skip
+    model = _model(graph, ir_version=8)
+    fused, report = fuse(model)
+    assert report.fused_count == 1 and report.with_skip == 0, report.summary()
+    feeds = {"a": _x((2, 3, 8)), "b": _x((2, 3, 1), seed=1)}
+    np.testing.assert_allclose(
+        session(fused).run(None, feeds)[0], _plain(model, feeds)[0], rtol=1e-5
+    )
+
+
+def test_outputs_declared_minus_one_are_written_as_declared():
+    graph = helper.make_graph(
+        [*_norm("x", "y"), helper.make_node("Relu", ["x"], ["z"])], "g", [_info("x", [-1, 8])],
+        [_info("y", [-1, 8]), _info("z", [-1, 8])], [numpy_helper.from_array(W, "w")],
+    )  # fmt: skip
+    fused, _ = fuse(_model(graph, ir_version=8))
+    for value in (*fused.graph.input, *fused.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        assert [d.dim_value for d in dims] == [-1, 8], value

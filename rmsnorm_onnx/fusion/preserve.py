@@ -118,14 +118,23 @@ def unknown_negative_dims(model: ir.Model) -> None:
             )
 
 
+def _with_negative_dims(shape: ir.Shape | None, declared: ir.Shape | None) -> ir.Shape | None:
+    if shape is None or declared is None or len(shape) != len(declared):
+        return shape
+    if not any(isinstance(d, int) and d < 0 for d in declared):
+        return shape
+    return ir.Shape(
+        [w if isinstance(w, int) and w < 0 and not isinstance(d, int) else d
+         for d, w in zip(shape, declared, strict=True)]
+    )  # fmt: skip
+
+
 def restore(model: ir.Model, tables: Snapshot) -> None:
     """Give every value the type and shape the input declared for it, or none (new values)."""
     for graph in _graphs(model):
         table = tables.values.get(id(graph), {})
         outputs = tables.outputs.get(id(graph), [])
         for value in _values(graph):
-            if graph is model.graph and value in graph.outputs:
-                continue  # unique names: the inferred shape helps onnx.checker and users
             _, declared_type, declared_shape = table.get(id(value), (None, None, None))
             if value.is_graph_output() and declared_type is None:
                 # a new value in an output's place: what the input declared there (the same
@@ -133,6 +142,11 @@ def restore(model: ir.Model, tables: Snapshot) -> None:
                 place = graph.outputs.index(value)
                 was_type, was_shape = outputs[place] if place < len(outputs) else (None, None)
                 declared_type, declared_shape = was_type or value.type, was_shape
+            if graph is model.graph and value in graph.outputs:
+                # unique names: the inferred shape helps onnx.checker and users; a dim the
+                # input declared -1 (unknown to the pass) is written back as it was
+                value.shape = _with_negative_dims(value.shape, declared_shape)
+                continue
             value.type, value.shape = declared_type, declared_shape
 
 

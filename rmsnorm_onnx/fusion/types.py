@@ -91,9 +91,9 @@ class Inferred:
         info = self.known().get(value.name or "")
         if info is None or not info.type.tensor_type.HasField("shape"):
             return None
-        return tuple(
-            d.dim_value if d.HasField("dim_value") else (f"ort:{d.dim_param}" if d.dim_param
-                                                          else object())
+        return tuple(  # a dim_value of -1 (a dynamic dim as some exporters write it): unknown
+            d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
+            else (f"ort:{d.dim_param}" if d.dim_param else object())
             for d in info.type.tensor_type.shape.dim
         )  # fmt: skip
 
@@ -238,7 +238,8 @@ def _set(value: ir.Value, info: onnx.TypeProto, dims: bool) -> int:
     known_op = producer is not None and producer.domain in _HANDLED_DOMAINS
     if value.shape is None and known_op and tensor.HasField("shape"):
         if dims:
-            value.shape = ir.serde.deserialize_type_proto_for_shape(info)
+            shape = ir.serde.deserialize_type_proto_for_shape(info)
+            value.shape = ir.Shape([None if isinstance(d, int) and d < 0 else d for d in shape])
         else:
             value.shape = ir.Shape([None] * len(tensor.shape.dim))
         count += 1

@@ -17,6 +17,7 @@ from ..compare import compare_arrays
 from ..errors import RMSNormOnnxError
 from ..reference import tolerance
 from .algebra import STATISTIC_OPS
+from .types import foreign_schemas
 
 # A whole model compounds rounding over its layers; the per-op tolerance of reference.tolerance
 # is widened by this factor for model outputs (a real mismatch is off by orders of magnitude).
@@ -239,13 +240,19 @@ def _compare(
 
 
 def _half_statistic(model: onnx.ModelProto) -> str | None:
-    """The half-precision type a mean of squares of the main graph is taken in, if one is."""
-    light = onnx_io.inferred_without_weights(model)
-    graph = light.graph
-    types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info)}
-    for node in graph.node:
-        if node.op_type in STATISTIC_OPS and node.input and types.get(node.input[0]) in _HALF:
-            return _HALF[types[node.input[0]]]
+    """The half-precision type a mean of squares is taken in (any graph or function), if one
+    is. Names are read across graphs: it picks a message, not an answer."""
+    with foreign_schemas():  # onnxruntime's ops: what they feed gets typed
+        light = onnx_io.inferred_without_weights(model)
+    types = {}
+    for graph in onnx_io.all_graphs(light):
+        for info in (*getattr(graph, "input", []), *getattr(graph, "value_info", [])):
+            if isinstance(info, onnx.ValueInfoProto):
+                types[info.name] = info.type.tensor_type.elem_type
+    for graph in onnx_io.all_graphs(light):
+        for node in graph.node:
+            if node.op_type in STATISTIC_OPS and node.input and types.get(node.input[0]) in _HALF:
+                return _HALF[types[node.input[0]]]
     return None
 
 
