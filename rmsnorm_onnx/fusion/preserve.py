@@ -21,6 +21,7 @@ from onnx import helper
 from ..errors import InvalidModelError
 from ..onnx_io import all_graphs
 from .driver import containers
+from .values import default_domain_version
 
 # onnxruntime 1.31, the newest release tested, reads IR versions up to 13
 ORT_MAX_IR_VERSION = 13
@@ -199,12 +200,13 @@ def carry_over(proto: onnx.ModelProto, fused: onnx.ModelProto) -> list[str]:
     if not proto.training_info:
         return []
     before, after = (
-        {o.version for o in m.opset_import if o.domain in ("", "ai.onnx")} for m in (proto, fused)
+        default_domain_version({o.domain: o.version for o in m.opset_import})
+        for m in (proto, fused)
     )
     if before != after:  # its graphs run at the model's opset, which the target raised
         return [
-            f"training_info dropped: its graphs are written for opset {min(before, default=0)}, "
-            f"the fused model's is {min(after, default=0)}"
+            f"training_info dropped: its graphs are written for opset {before}, the fused "
+            f"model's is {after}"
         ]
     fused.training_info.extend(proto.training_info)
     present = {t.name for t in fused.graph.initializer} | sparse
