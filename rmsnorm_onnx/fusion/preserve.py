@@ -21,7 +21,7 @@ from onnx import helper
 from ..errors import InvalidModelError
 from ..onnx_io import all_graphs
 from .driver import containers
-from .values import default_domain_version
+from .values import default_domain_version, negatives_unknown
 
 # onnxruntime 1.31, the newest release tested, reads IR versions up to 13
 ORT_MAX_IR_VERSION = 13
@@ -113,10 +113,8 @@ def unknown_negative_dims(model: ir.Model) -> None:
     """A dim declared -1 (some exporters' dynamic dim, which onnxruntime takes as any size) is
     an unknown dim to the pass, not the number -1 (restore writes the declaration back)."""
     for value in (v for graph in _graphs(model) for v in _values(graph)):
-        if value.shape is not None and any(isinstance(d, int) and d < 0 for d in value.shape):
-            value.shape = ir.Shape(
-                [None if isinstance(d, int) and d < 0 else d for d in value.shape]
-            )
+        if value.shape is not None:
+            value.shape = negatives_unknown(value.shape)
 
 
 def _with_negative_dims(shape: ir.Shape | None, declared: ir.Shape | None) -> ir.Shape | None:

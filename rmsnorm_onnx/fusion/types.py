@@ -30,6 +30,7 @@ from ..onnx_io import all_tensors
 from ..op_schema import MS_DOMAIN
 from .algebra import STATISTIC_OPS
 from .sources import SOURCE_OPS
+from .values import negatives_unknown
 
 _log = logging.getLogger(__name__)
 _HANDLED_DOMAINS = ("", "ai.onnx", MS_DOMAIN)
@@ -238,8 +239,7 @@ def _set(value: ir.Value, info: onnx.TypeProto, dims: bool) -> int:
     known_op = producer is not None and producer.domain in _HANDLED_DOMAINS
     if value.shape is None and known_op and tensor.HasField("shape"):
         if dims:
-            shape = ir.serde.deserialize_type_proto_for_shape(info)
-            value.shape = ir.Shape([None if isinstance(d, int) and d < 0 else d for d in shape])
+            value.shape = negatives_unknown(ir.serde.deserialize_type_proto_for_shape(info))
         else:
             value.shape = ir.Shape([None] * len(tensor.shape.dim))
         count += 1

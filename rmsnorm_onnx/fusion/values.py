@@ -170,6 +170,14 @@ def static_dims(value: ir.Value, axis: int) -> list[int] | None:
     return dims if all(isinstance(d, int) and d >= 0 for d in dims) else None  # -1: dynamic
 
 
+def negatives_unknown(shape: ir.Shape) -> ir.Shape:
+    """``shape`` with a dim of -1 (a dynamic dim as some exporters write it, which onnxruntime
+    takes as any size) unknown, not the number -1."""
+    if not any(isinstance(d, int) and d < 0 for d in shape):
+        return shape
+    return ir.Shape([None if isinstance(d, int) and d < 0 else d for d in shape])
+
+
 def rank(value: ir.Value) -> int | None:
     return None if value.shape is None else len(value.shape)
 
