@@ -213,10 +213,6 @@ KNOWN_GAPS = {
         "SkipSimplifiedLayerNormalization cannot, and the residual stays an Add in front of "
         "SimplifiedLayerNormalization"
     ),
-    ("residual-contrib", "olive_l2norm_llama_ones"): (
-        "contrib's SkipSimplifiedLayerNormalization takes a 1-D gamma only; this file's weight "
-        "is not 1-D, so the residual stays an Add in front of SimplifiedLayerNormalization"
-    ),
 }
 
 

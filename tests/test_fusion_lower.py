@@ -40,7 +40,7 @@ class Case:
     shape: tuple[int, ...] = (2, 3, 16)
     skip: tuple[int, ...] | None = None  # skip's shape; None: an RMSNorm
     s: str = "output"  # skip only: none (no S) | output (a graph output) | consumed | unused
-    scale: str = "same"  # none | same (X's type) | float (float32 with a half X)
+    scale: str = "same"  # none | same (X's type) | float (float32 with a half X) | one ([1])
     bias: bool = False
     float_bias: bool = False  # with a half X and no scale: a float32 bias
     eps_outside: bool = False
@@ -66,6 +66,8 @@ class Case:
         rng = np.random.default_rng(7)
         dims = self.shape[self.axis :]
         scale = (1 + 0.5 * rng.standard_normal(dims)).astype(self.param_type)
+        if self.scale == "one":
+            scale = np.array([2.5], self.param_type)
         bias_type = np.float32 if self.float_bias else self.param_type
         bias = (0.5 * rng.standard_normal(dims)).astype(bias_type)
         return (None if self.scale == "none" else scale), (bias if self.bias else None)
@@ -253,6 +255,7 @@ def test_cli_offers_every_target() -> None:
         Case(skip=(5, 16), shape=(5, 16), s="none", scale="none"),
         Case(dtype=F16, skip=(2, 3, 16), s="consumed"),
         Case(skip=(2, 3, 16), s="unused"),
+        Case(skip=(2, 3, 16), scale="one"),
     ],
     ids=lambda c: c.id,
 )
@@ -269,6 +272,23 @@ def test_contrib_uses_ort_skip_op_where_its_contract_fits(case: Case) -> None:
     assert list(report.converted) == [
         "SkipRMSNorm → SkipSimplifiedLayerNormalization" + (" + Add" if case.bias else "")
     ]
+
+
+@pytest.mark.parametrize("hidden", [16, "h"], ids=["static", "symbolic"])
+@pytest.mark.parametrize("dtype", [np.float32, F16])
+def test_contrib_skip_op_expands_a_one_element_scale(hidden: int | str, dtype: type) -> None:
+    """ORT's skip op takes a 1-D gamma of the hidden size only: a scale of one element (Olive's
+    L2-norm surgery writes all-ones weights as [√N]) is expanded to it, not left as Add + norm."""
+    case = Case(dtype=dtype, skip=(2, 3, 16), scale="one")
+    model = build(case)
+    for value in model.graph.input:
+        dims = ["b", "s", hidden]
+        value.CopyFrom(helper.make_tensor_value_info(value.name, ELEM[dtype], dims))
+    lowered, report = lower_proto(model, "contrib")
+    assert op_types(lowered).count("SkipSimplifiedLayerNormalization") == 1, report.notes
+    assert report.notes == []
+    inputs = feeds(case)
+    assert_close(run_ort(lowered, inputs), expected(case, inputs), dtype)
 
 
 @pytest.mark.parametrize(

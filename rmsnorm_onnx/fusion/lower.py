@@ -139,6 +139,19 @@ class Builder:
             raise Unsupported("the input's type is unknown and CastLike needs opset 15")
         return self("CastLike", value, like)
 
+    def trailing_shape(self, x: ir.Value, axis: int) -> ir.Value:
+        """x's dims [axis, rank) as a 1-D int64 tensor: a constant where they are known."""
+        dims = static_dims(x, axis)
+        if dims is not None:
+            return self.const(np.array(dims, np.int64))
+        # Shape(x)[axis:] by Slice: Shape's start= needs opset 15
+        return self(
+            "Slice",
+            self("Shape", x),
+            self.const(np.array([axis], np.int64)),
+            self.const(np.array([_INT64_MAX], np.int64)),
+        )
+
     def ones(self, x: ir.Value, axis: int, dtype: ir.DataType | None = None) -> ir.Value:
         """A scale of ones over x's dims [axis, rank), of ``dtype`` (default x's): for the ops
         that need a scale."""
@@ -146,13 +159,7 @@ class Builder:
         dims = static_dims(x, axis)
         if dims is not None and dtype is not None:
             return self.const(np.ones(dims, dtype=dtype.numpy()))
-        # Shape(x)[axis:] by Slice: Shape's start= needs opset 15
-        shape = self(
-            "Slice",
-            self("Shape", x),
-            self.const(np.array([axis], np.int64)),
-            self.const(np.array([_INT64_MAX], np.int64)),
-        )
+        shape = self.trailing_shape(x, axis)
         if dtype is not None:
             ones = self("ConstantOfShape", shape, value=ir.tensor([1], dtype=dtype))
             ones.dtype = dtype

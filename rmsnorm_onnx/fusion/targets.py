@@ -87,15 +87,29 @@ def _skip_op_misfit(n: Norm) -> str | None:
     if n.scale is not None:
         if n.scale.dtype != n.dtype:
             return "the scale's type differs from X's"
-        if n.scale.shape is None or len(n.scale.shape) != 1 or not proof.equal(n.scale, 0, n.x, -1):
-            return "the scale is not a 1-D tensor of the hidden size"
+        if not (_one_element(n.scale) or _hidden_sized(n.scale, n.x, proof)):
+            return "the scale is neither one element nor a 1-D tensor of the hidden size"
     return None
+
+
+def _one_element(scale: ir.Value) -> bool:
+    """A scale of shape [] or [1] (Olive's L2-norm surgery writes all-ones weights as [√N])."""
+    return scale.shape is not None and list(scale.shape) in ([], [1])
+
+
+def _hidden_sized(scale: ir.Value, x: ir.Value, proof: Dims) -> bool:
+    return scale.shape is not None and len(scale.shape) == 1 and proof.equal(scale, 0, x, -1)
 
 
 def _skip_op(b: Builder, n: Norm) -> tuple[list[ir.Value], str]:
     """com.microsoft::SkipSimplifiedLayerNormalization; its unread mean and inv_std_var left
-    unnamed."""
-    gamma = n.scale if n.scale is not None else b.ones(n.x, -1)
+    unnamed. Its gamma must be 1-D of the hidden size: a one-element scale is expanded to it."""
+    if n.scale is None:
+        gamma = b.ones(n.x, -1)
+    elif _one_element(n.scale):
+        gamma = b("Expand", n.scale, b.trailing_shape(n.x, -1))
+    else:
+        gamma = n.scale
     outs = b.tape.op_multi_out(
         ORT_SKIP_NORM,
         [n.x, n.skip, gamma],
