@@ -8,6 +8,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from torch import nn
@@ -35,6 +36,21 @@ class PaperRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rms = x.norm(2, dim=-1, keepdim=True) * x.shape[-1] ** -0.5
         return self.scale * x / (rms + 1e-8)
+
+
+class AbsSquared(nn.Module):
+    """mean(|x|²): |x|² is x² exactly, so the mean is x's (complex-safe code writes it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.abs().pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class NegSumSquare(nn.Module):
+    """‖-x‖² / d through ReduceL2 of a negation: (-x)² is x²."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = torch.linalg.vector_norm(-x, 2, dim=-1, keepdim=True)
+        return x / torch.sqrt(norm * norm / HIDDEN + 1e-6)
 
 
 def _export(module: nn.Module, path, dynamic: dict) -> None:
@@ -65,3 +81,50 @@ def test_a_width_the_graph_does_not_fix_is_not_taken_for_one(tmp_path):
     _, report = fuse(path)
     assert report.fused_count == 0
     assert report.skipped, "a norm left alone is reported"
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("module", [AbsSquared(), NegSumSquare()], ids=lambda m: type(m).__name__)
+def test_a_sign_under_the_square_is_dropped(module, dynamo: bool, tmp_path):
+    path = tmp_path / "m.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module, (torch.randn(2, 5, HIDDEN),), str(path), dynamo=dynamo, input_names=["x"]
+        )
+    fused, report = fuse(path, verify=True)
+    assert report.fused_count == 1 and report.verified, report.skipped
+    assert [n.op_type for n in fused.graph.node] == ["RMSNorm"]  # the Abs or Neg is gone too
+    x = np.random.default_rng(1).standard_normal((2, 5, HIDDEN)).astype(np.float32)
+    x[0, 0] = 0.0  # a row of zeros: rsqrt(ε) times zeros
+    with torch.no_grad():
+        want = module(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(session(fused).run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_sign_outside_the_square_is_kept():
+    """|x| / rms(|x|) with one Abs read by the square and the numerator: the norm's input is
+    |x|, so the Abs stays in front of it."""
+    h, tp = onnx.helper, onnx.TensorProto
+    nodes = [
+        h.make_node("Abs", ["x"], ["a"]),
+        h.make_node("Mul", ["a", "a"], ["sq"]),
+        h.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+        h.make_node("Add", ["ms", "eps"], ["v"]),
+        h.make_node("Sqrt", ["v"], ["r"]),
+        h.make_node("Div", ["a", "r"], ["y"]),
+    ]
+    inits = [
+        onnx.numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+        onnx.numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+    ]
+    value = h.make_tensor_value_info
+    graph = h.make_graph(
+        nodes, "g", [value("x", tp.FLOAT, [2, HIDDEN])], [value("y", tp.FLOAT, [2, HIDDEN])], inits
+    )
+    fused, report = fuse(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]), verify=True)
+    assert report.fused_count == 1 and report.verified, report.skipped
+    assert [n.op_type for n in fused.graph.node] == ["Abs", "RMSNorm"]
+    x = np.random.default_rng(2).standard_normal((2, HIDDEN)).astype(np.float32)
+    want = np.abs(x) / np.sqrt(np.mean(x.astype(np.float64) ** 2, -1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(session(fused).run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-6)

@@ -507,14 +507,18 @@ class Reader:
         return all(d == 1 for d in list(shape)[ms.axis :]) and all(same_dim(a, b) for a, b in lead)
 
     # -- the statistics: means of squares
-    def _square_of(self, node: ir.Node, depth: int) -> tuple[ir.Value, float] | Miss | None:
-        """(y, c) when the node's input reads as c·y², a Miss for a near miss, else None."""
+    def _square_of(
+        self, node: ir.Node, depth: int
+    ) -> tuple[ir.Value, float, Product] | Miss | None:
+        """(y, c, the read) when the node's input reads as c·y², a Miss for a near miss, else
+        None."""
         # expanded even where others read it: x² read elsewhere is still this norm's square
         read = self.expand(node.inputs[0], depth) if node.inputs and node.inputs[0] else None
         if read is None:
             return None
         if isinstance(read, Miss):
             return read
+        read = self._unsigned(read, depth)
         leaves = read.leaves()
         if read.statistic() or len(leaves) != 1 or read.coef <= 0:
             return None
@@ -525,7 +529,33 @@ class Reader:
             return Miss(f"the exponent is {float(e):g}, not 2", node)
         if _centered(root(y)):
             return Miss("a LayerNorm (x minus its own mean): left for LayerNormalization", node)
-        return y, read.coef
+        return y, read.coef, _with_square(read, node.inputs[0])
+
+    def _unsigned(self, read: Product, depth: int) -> Product:
+        """|y|ᵉ and (-y)ᵉ are yᵉ for an even e, exactly in floats: a lone leaf under an even
+        power loses its Abs or Neg (hand-written ``x.abs().pow(2)``). Not where others read
+        |y| too: that may be the x the norm normalizes (|y| / rms(|y|))."""
+        leaves = read.leaves()
+        while not read.statistic() and len(leaves) == 1 and leaves[0][1] % 2 == 0:
+            y, e = leaves[0]
+            node = y.producer()
+            if (
+                node is None
+                or node.op_type not in ("Abs", "Neg")
+                or node.domain not in ("", "ai.onnx")
+                or _shared(y)
+            ):
+                break
+            inner = self.read(node.inputs[0], depth) if node.inputs and node.inputs[0] else None
+            if not isinstance(inner, Product) or inner.statistic() or inner.constant:
+                break
+            out = read.copy()
+            del out.powers[term_key(y)]
+            read = out.times(inner, e)
+            read.interior[node] = None
+            read.spelling.setdefault("sign", node.op_type)
+            leaves = read.leaves()
+        return read
 
     def _statistic(
         self, node: ir.Node, y: ir.Value, coef: float, value: ir.Value, how: str, square: Product
@@ -553,8 +583,7 @@ class Reader:
             return Product.leaf(value)
         if isinstance(found, Miss):
             return found
-        y, coef = found
-        square = _with_square(self.expand(node.inputs[0], depth), node.inputs[0])
+        y, coef, square = found
         if count:
             n = self.count(node, y)
             if isinstance(n, Miss):
@@ -566,11 +595,10 @@ class Reader:
         found = self._square_of(node, depth)
         if found is None or isinstance(found, Miss):
             return Product.leaf(value) if found is None else found
-        y, coef = found
+        y, coef, square = found
         r = rank(y)
         if r is None or r < 3:
             return Miss("GlobalAveragePool of a square whose rank is unknown or below 3", node)
-        square = _with_square(self.expand(node.inputs[0], depth), node.inputs[0])
         out = Product(coef=coef, const_ndim=square.const_ndim, narrowest=square.narrowest)
         out.interior.update(square.interior)
         out.spelling.update(square.spelling)
@@ -591,13 +619,13 @@ class Reader:
         found = self._linear_of(node, depth)
         if found is None:
             return Product.leaf(value)
-        y, c, read = found
+        square = self._unsigned(found[2].power(Fraction(2)), depth)
+        ((y, _),) = square.leaves()
         n = self.count(node, y)
         if isinstance(n, Miss):
             return n
-        read = read.copy()
-        read.spelling.setdefault("square", node.op_type)
-        return self._statistic(node, y, c * c * n, value, node.op_type, read)
+        square.spelling.setdefault("square", node.op_type)
+        return self._statistic(node, y, square.coef * n, value, node.op_type, square)
 
     def _op_ReduceSumSquare(self, node: ir.Node, value: ir.Value, depth: int):
         return self._sum_of_squares(node, value, depth)
@@ -767,8 +795,7 @@ def _shift(
     return out
 
 
-def _with_square(square: Product | Miss, value: ir.Value) -> Product:
-    assert isinstance(square, Product)  # _square_of read it already
+def _with_square(square: Product, value: ir.Value) -> Product:
     node = value.producer()
     out = square.copy()
     out.spelling.setdefault(
