@@ -96,6 +96,22 @@ def inferred_without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     return light
 
 
+def without_defaults(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
+    """(``model`` without the initializers that are also graph inputs, those initializers):
+    such a value is a default the caller may override, so nothing inferred from its data holds
+    (a Reshape's target shape, an Expand's). ``model`` itself where it has none."""
+    inputs = {i.name for i in model.graph.input}
+    defaults = [t for t in model.graph.initializer if t.name in inputs]
+    if not defaults:
+        return model, []
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # (the weights are not in it here: byte ranges or external)
+    kept = [t for t in copy.graph.initializer if t.name not in inputs]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    return copy, defaults
+
+
 def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     """The graphs a node holds in its attributes (If's branches, a Loop's or Scan's body)."""
     found = []

@@ -89,13 +89,14 @@ class Variant:
 
 
 class _Body:
-    """The nodes of one function body, each output named after its op."""
+    """The nodes of one function body, each output named after its op (and ``tag``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tag: str = "") -> None:
         self.nodes: list[onnx.NodeProto] = []
+        self.tag = tag
 
     def __call__(self, op_type: str, *inputs: str, out: str | None = None, **attrs: Any) -> str:
-        name = out or f"{op_type}_{len(self.nodes)}"
+        name = out or f"{op_type}_{len(self.nodes)}{self.tag}"
         refs = [a for a in attrs.values() if isinstance(a, onnx.AttributeProto)]
         plain = {k: a for k, a in attrs.items() if not isinstance(a, onnx.AttributeProto)}
         node = helper.make_node(op_type, list(inputs), [name], **plain)
@@ -126,8 +127,11 @@ def _rows(b: _Body, xf: str) -> tuple[str, str]:
     return b("Reshape", xf, b("Concat", b.const(np.array([-1], np.int64)), cols, axis=0)), shape
 
 
-def function(variant: Variant, opset: int, *, overload: str = "") -> onnx.FunctionProto:
-    """The body of ``variant`` in ai.onnx ops of ``opset`` (13 on).
+def function(
+    variant: Variant, opset: int, *, overload: str = "", tag: str = ""
+) -> onnx.FunctionProto:
+    """The body of ``variant`` in ai.onnx ops of ``opset`` (13 on), ``tag`` ending the names
+    of its values (:func:`_fresh_tag`).
 
     It imports the default domain as '' whatever the model calls it: onnx's checker refuses a
     body importing 'ai.onnx' (its nodes are of domain ''), and accepts '' beside a model's
@@ -136,7 +140,7 @@ def function(variant: Variant, opset: int, *, overload: str = "") -> onnx.Functi
         raise ValueError(f"function bodies need ai.onnx opset >= {MIN_OPSET}, got {opset}")
     if opset < _CASTLIKE_OPSET and not variant.elem_type:
         raise ValueError(f"below opset {_CASTLIKE_OPSET} a body must name X's type")
-    b = _Body()
+    b = _Body(tag)
 
     def to_x_type(value: str, out: str) -> str:
         if variant.elem_type:
@@ -363,6 +367,32 @@ def _fit(node: onnx.NodeProto, variant: Variant) -> None:
     )
 
 
+_INLINED = "_inlfunc_"  # how onnxruntime names the values of a body it inlines
+_TAG = re.compile(r"__(\d+)$")
+
+
+def _fresh_tag(model: onnx.ModelProto) -> str:
+    """'' for a model without values onnxruntime named when it inlined a body, else ``__k``,
+    k above any such value's. onnxruntime names the values of an inlined body
+    ``_inlfunc_<op>_<value>`` without checking the graph's names: a file it saved with our bodies
+    inlined, fused again, would otherwise get bodies whose values it names as the first time,
+    and it refuses the duplicate definitions (with our library registered the bodies do not
+    run, and nothing collides)."""
+    names = [
+        name
+        for g in all_graphs(model)
+        for name in (
+            *(o for n in g.node for o in n.output),
+            *(i.name for i in getattr(g, "initializer", ())),  # a function has none
+            *(i if isinstance(i, str) else i.name for i in g.input),
+        )
+        if name.startswith(_INLINED)
+    ]
+    if not names:
+        return ""
+    return f"__{1 + max((int(m[1]) for n in names if (m := _TAG.search(n))), default=0)}"
+
+
 def attach(model: onnx.ModelProto) -> Attached:
     """Give every node of ours (main graph, subgraphs, functions) a model-local function, one
     per body its nodes need, replacing any the model had (in place).
@@ -404,10 +434,10 @@ def attach(model: onnx.ModelProto) -> Attached:
     default: dict[str, Variant] = {}  # per op: the body with the most inputs, scale first
     for sig in sorted(groups, key=lambda s: (-len(s.inputs), not s.scale, -len(groups[s]), s)):
         default.setdefault(sig.op_type, sig)
-    functions = []
+    functions, tag = [], _fresh_tag(model)
     for sig, variant in sorted(variants.items()):
         overload = "" if default[sig.op_type] == sig else variant.label
-        functions.append(function(variant, opset, overload=overload))
+        functions.append(function(variant, opset, overload=overload, tag=tag))
         done.bodies[f"{variant.op_type}({variant.label})"] = len(groups[sig])
         for node in groups[sig]:
             _fit(node, variant)

@@ -40,6 +40,17 @@ def test_a_standard_target_that_fell_back_says_plain_ops() -> None:
     assert "RMSNormalization" not in report.summary()
 
 
+def test_a_target_that_writes_plain_ops_sends_nobody_to_the_notes() -> None:
+    """Whether plain ops are a fallback is the target's (no op of its own), not its name's."""
+    import dataclasses
+
+    from rmsnorm_onnx.fusion.targets import TARGETS
+
+    plain = dataclasses.replace(TARGETS["decomposed"], name="plain-copy")
+    _, report = fuse(build(Variant()), target=plain)
+    assert _headline(report) == "lowered 1 norm to plain ops (target 'plain-copy')"
+
+
 def test_the_standard_op_written_is_named() -> None:
     _, report = fuse(build(Variant()), target="standard")
     assert _headline(report) == "converted 1 norm to RMSNormalization (target 'standard')"

@@ -394,3 +394,99 @@ def test_outputs_declared_minus_one_are_written_as_declared():
     for value in (*fused.graph.input, *fused.graph.output):
         dims = value.type.tensor_type.shape.dim
         assert [d.dim_value for d in dims] == [-1, 8], value
+
+
+@pytest.mark.parametrize("via", ["Reshape", "Expand"])
+def test_a_shape_from_an_inputs_default_is_not_taken_for_fixed(via: str):
+    # an initializer that is also a graph input is a default the caller may override: a width
+    # onnx infers from its data (x reshaped by it) or a broadcast it decides (the mean expanded
+    # by it) holds for the default only
+    shape = np.array([4, 8] if via == "Reshape" else [4, 1], np.int64)
+    head = (
+        [helper.make_node("Reshape", ["xin", "shape"], ["x"]),
+         helper.make_node("Mul", ["x", "x"], ["sq"]),
+         _const("ax", np.array([-1], np.int64)),
+         helper.make_node("ReduceSum", ["sq", "ax"], ["ss"]),
+         _const("n", np.float32(8)),
+         helper.make_node("Div", ["ss", "n"], ["m"])]
+        if via == "Reshape"
+        else [helper.make_node("Identity", ["xin"], ["x"]),
+              helper.make_node("Mul", ["x", "x"], ["sq"]),
+              _const("ax", np.array([-1], np.int64)),
+              helper.make_node("ReduceMean", ["sq", "ax"], ["m0"]),
+              helper.make_node("Expand", ["m0", "shape"], ["m"])]
+    )  # fmt: skip
+    nodes = [
+        *head,
+        _const("eps", np.float32(1e-6)),
+        helper.make_node("Add", ["m", "eps"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["r"]),
+        helper.make_node("Div", ["x", "r"], ["y"]),
+    ]
+    inputs = [_info("xin", [4, 8]), _info("shape", ["n"], TensorProto.INT64)]
+    init = [numpy_helper.from_array(shape, "shape")]
+    model = _model(helper.make_graph(nodes, "g", inputs, [_info("y", None)], init), ir_version=8)
+    fused, report = fuse(model)
+    assert report.fused_count == 0, report.summary()
+    other = np.array([8, 4] if via == "Reshape" else [2, 4, 1], np.int64)
+    feeds = {"xin": _x((4, 8)), "shape": other}
+    for got, want in zip(_plain(fused, feeds), _plain(model, feeds), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_an_axes_input_where_axes_are_an_attribute_is_not_read():
+    # at opset 17 ReduceMean takes its axes as an attribute: an axes input (invalid, refused by
+    # onnxruntime) must not be read as "no axes", a mean over every axis
+    nodes = _norm("x", "y")
+    graph = helper.make_graph(
+        nodes, "g", [_info("x")], [_info("y")], [numpy_helper.from_array(W, "w")]
+    )
+    _, report = fuse(_model(graph, opset=helper.make_opsetid("", 17)))
+    assert sum(report.converted.values()) == 0
+    assert any("axes input at opset 17" in s.reason for s in report.skipped), report.skipped
+
+
+def test_a_factor_is_not_folded_into_a_half_scale_it_overflows():
+    # (x/rms · w) · 64 with w = 2000 in float16: w · 64 is inf in float16
+    half = np.float16
+    nodes = [
+        *_norm("x", "n2", dtype=half),
+        _const("k", half(64)),
+        helper.make_node("Mul", ["n2", "k"], ["y"]),
+    ]
+    w = numpy_helper.from_array(np.full(8, 2000, half), "w")
+    f16 = TensorProto.FLOAT16
+    graph = helper.make_graph(nodes, "g", [_info("x", elem=f16)], [_info("y", elem=f16)], [w])
+    model = _model(graph, ir_version=8)
+    fused, report = fuse(model)
+    assert report.fused_count == 1 and [n.op_type for n in fused.graph.node][-1] == "Mul"
+    assert not any(
+        np.isinf(numpy_helper.to_array(a.t)).any()
+        for n in fused.graph.node if n.op_type == "Constant" for a in n.attribute
+    )  # fmt: skip
+    feeds = {"x": _x(dtype=half)}
+    feeds["x"][1, 0] = 0  # 0 where folding gave inf · 0 = NaN
+    want = _plain(model, feeds)[0].astype(np.float32)  # inf where x/rms · 2000 · 64 is
+    got = session(fused).run(None, feeds)[0].astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-3)
+
+
+def test_an_epsilon_float32_cannot_hold_is_not_written():
+    # mean((1e-25·a)²) + 1e-6 is 1e-50·(mean(a²) + 1e44): ε 1e44 is inf as the float32 attribute
+    nodes = [
+        _const("tiny", np.float32(1e-25)),
+        helper.make_node("Mul", ["x", "tiny"], ["t"]),
+        helper.make_node("Mul", ["t", "t"], ["sq"]),
+        _const("ax", np.array([-1], np.int64)),
+        helper.make_node("ReduceMean", ["sq", "ax"], ["ms"]),
+        _const("eps", np.float32(1e-6)),
+        helper.make_node("Add", ["ms", "eps"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["r"]),
+        helper.make_node("Div", ["x", "r"], ["y"]),
+    ]
+    model = _model(helper.make_graph(nodes, "g", [_info("x")], [_info("y")]), ir_version=8)
+    fused, report = fuse(model)
+    assert report.fused_count == 0
+    assert any("float32 (the op's epsilon) does not hold" in s.reason for s in report.skipped)
+    feeds = {"x": _x()}
+    np.testing.assert_array_equal(_plain(fused, feeds)[0], _plain(model, feeds)[0])

@@ -81,12 +81,18 @@ def _check_opset(proto: onnx.ModelProto) -> None:
 
 
 def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with onnx's inferred shapes, none read from the data of an input's default."""
     op_schema.register()
+    light, defaults = onnx_io.without_defaults(proto)
     try:  # the proto holds no weights here, so this is cheap even for huge models
         with types.foreign_schemas():  # onnxruntime's contrib ops: what they feed gets typed
-            return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
     except Exception:  # an op onnx cannot infer: match on what the model declares
         return proto
+    if defaults:
+        del inferred.graph.initializer[:]
+        inferred.graph.initializer.extend(proto.graph.initializer)
+    return inferred
 
 
 def _keep_required_inputs(model: onnx.ModelProto) -> None:
@@ -172,7 +178,9 @@ def fuse(
     # repeat across subgraphs)
     declared = preserve.snapshot(proto, model)
     report = FuseReport(
-        target=tgt.name, notes=sorted_notes + inlined + op_functions.foreign_bodies(proto)
+        target=tgt.name,
+        notes=sorted_notes + inlined + op_functions.foreign_bodies(proto),
+        plain_target=tgt.op_type is None,
     )
     raising.canonicalize(model, report, proto, base_dir)
 

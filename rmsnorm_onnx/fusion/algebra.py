@@ -688,6 +688,9 @@ class Reader:
                     return Miss(f"{op} without axes and noop_with_empty_axes=1 is not a mean", node)
                 axes = None
         else:
+            if len(node.inputs) > 1 and node.inputs[1] is not None:
+                why = f"{op} has an axes input at opset {self.opset}, where axes are an attribute"
+                return Miss(f"{why} (not valid ONNX: onnxruntime refuses the file)", node)
             attr = node.attributes.get_ints("axes", None)
             axes = list(attr) if attr else None
         if axes is None:
@@ -787,6 +790,11 @@ def _shift(
     value = eps.coef / stat.coef
     if not math.isfinite(value) or value < 0:
         return Miss(f"epsilon {eps.coef:g} is not a non-negative number", node)
+    with np.errstate(over="ignore", under="ignore"):
+        held = float(np.float32(value))  # the op's epsilon is a float32 attribute
+    if not math.isfinite(held) or (value > 0 and held == 0):
+        why = f"epsilon {eps.coef:g} over the mean's factor {stat.coef:g} is {value:g}"
+        return Miss(f"{why}, which float32 (the op's epsilon) does not hold", node)
     out = stat.times(eps, Fraction(0))  # the bookkeeping of both sides, no factor of eps
     out.powers.clear()
     shifted = Shifted(ms, value, outside=e != 1)

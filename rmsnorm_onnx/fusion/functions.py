@@ -4,8 +4,7 @@ onnxruntime inlines every model-local function when it loads a model, so this ch
 at run time. For the pass it means that each call site has its own values: an ε passed as a
 function attribute becomes a constant, types and shapes are inferred per call, a norm split over
 nested functions is one chain, and a residual Add outside the function meets the norm. Functions
-without a norm are left as they are; so are the functions of our own domain (the bodies of our
-ops, which the pass writes itself).
+without a norm are left as they are; so are the bodies of our ops, which the pass writes itself.
 """
 
 from __future__ import annotations
@@ -22,6 +21,9 @@ from .algebra import STATISTIC_OPS
 from .sources import SOURCE_OPS
 
 _DEFAULT = ("", "ai.onnx")
+# our ops' bodies, which the pass writes itself; other functions of our domain are inlined as
+# any (onnx.compose.add_prefix renames our bodies to a_RMSNorm, the nodes calling them too)
+_OUR_OPS = {(op_schema.DOMAIN, name) for name in op_schema.OP_TYPES}
 
 
 def _holds_norm(node: onnx.NodeProto) -> bool:
@@ -47,7 +49,7 @@ def norm_functions(proto: onnx.ModelProto) -> list[tuple[str, str]]:
     bodies = {
         (f.domain, f.name, f.overload): list(f.node)
         for f in proto.functions
-        if f.domain not in (op_schema.DOMAIN, op_schema.MS_DOMAIN, *_DEFAULT)
+        if f.domain not in (op_schema.MS_DOMAIN, *_DEFAULT) and (f.domain, f.name) not in _OUR_OPS
     }  # (a function named as one of onnxruntime's ops is not what onnxruntime runs: its kernel)
     marked = {key for key, nodes in bodies.items() if any(_holds_norm(n) for n in nodes)}
     changed = True

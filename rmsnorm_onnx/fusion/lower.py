@@ -27,12 +27,11 @@ from ..errors import InvalidModelError
 from . import canonical, opset
 from .driver import all_nodes, containers
 from .report import PLAIN, FuseReport
-from .values import static_dims
+from .values import HALF_TYPES, static_dims
 
 if TYPE_CHECKING:
     from .targets import Target
 
-_HALF = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -200,7 +199,7 @@ def _params_in_float(n: Norm) -> bool:
     params = [p for p in (n.scale, n.bias) if p is not None]
     if n.dtype is None:  # a function body: Cast(param, float) is right whatever the types are
         return bool(params)
-    return n.dtype in _HALF and any(p.dtype != n.dtype for p in params)
+    return n.dtype in HALF_TYPES and any(p.dtype != n.dtype for p in params)
 
 
 def _reduce_mean(b: Builder, n: Norm, value: ir.Value) -> ir.Value:
@@ -220,7 +219,7 @@ def _reduce_mean(b: Builder, n: Norm, value: ir.Value) -> ir.Value:
 
 def plain_norm(b: Builder, n: Norm, x: ir.Value) -> ir.Value:
     """x · 1/sqrt(mean(x²) + ε) · scale + bias in ops every runtime has (stash_type=1 for half)."""
-    half = n.dtype is None or n.dtype in _HALF
+    half = n.dtype is None or n.dtype in HALF_TYPES
     xf = b.cast(x, ir.DataType.FLOAT) if half else x
     compute = np.float32 if half else n.dtype.numpy()
     ms = _reduce_mean(b, n, b("Pow", xf, b.const(np.array(2.0, compute))))

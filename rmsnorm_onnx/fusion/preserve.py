@@ -20,6 +20,7 @@ from onnx import helper
 
 from ..errors import InvalidModelError
 from ..onnx_io import all_graphs
+from ..op_schema import ORT_NORM, ORT_SKIP_NORM
 from .driver import containers
 from .values import default_domain_version, negatives_unknown
 
@@ -128,13 +129,37 @@ def _with_negative_dims(shape: ir.Shape | None, declared: ir.Shape | None) -> ir
     )  # fmt: skip
 
 
+def _replaced(table: Kept, values: list[ir.Value]) -> Declared:
+    """What the input declared for its values that are gone, by name: a value the pass made
+    under such a name (a norm's output) is that tensor."""
+    present = {id(v) for v in values}
+    return {v.name: (t, s) for key, (v, t, s) in table.items() if key not in present and t}
+
+
+def _onnx_cannot_infer(value: ir.Value) -> bool:
+    """An output of onnxruntime's norm ops, which onnx's shape inference does not know (its
+    quantizers then cannot type what follows a norm)."""
+    node = value.producer()
+    return node is not None and node.op_type in (ORT_NORM, ORT_SKIP_NORM)
+
+
 def restore(model: ir.Model, tables: Snapshot) -> None:
-    """Give every value the type and shape the input declared for it, or none (new values)."""
+    """Give every value the type and shape the input declared for it, or none (new values);
+    a new value under the name of one the input declared and the pass replaced gets that
+    declaration where its type agrees, and the main graph's outputs of onnxruntime's norm ops
+    keep their type and shape."""
     for graph in _graphs(model):
         table = tables.values.get(id(graph), {})
         outputs = tables.outputs.get(id(graph), [])
-        for value in _values(graph):
+        values = _values(graph)
+        replaced = _replaced(table, values)
+        for value in values:
             _, declared_type, declared_shape = table.get(id(value), (None, None, None))
+            was_type, was_shape = replaced.get(value.name, (None, None))
+            if declared_type is None and was_type is not None and was_type.dtype == value.dtype:
+                declared_type, declared_shape = was_type, was_shape
+            if declared_type is None and graph is model.graph and _onnx_cannot_infer(value):
+                declared_type, declared_shape = value.type, value.shape
             if value.is_graph_output() and declared_type is None:
                 # a new value in an output's place: what the input declared there (the same
                 # tensor), else its type (outputs need one)

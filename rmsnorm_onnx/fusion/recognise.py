@@ -187,7 +187,17 @@ def _factors(
         if read.spelling.get("mean") == "ReduceSum":
             why = f"ReduceSum of a square is a sum, not a mean (no 1/n): {why}"
         raise _Not(why, _SURE)
+    if abs(read.coef - 1.0) > _COEF_TOLERANCE and not _folds(scale, read.coef):
+        why = f"the result is {read.coef:.6g} times an RMSNorm, and that times the scale"
+        raise _Not(f"{why} '{scale.name}' overflows {scale.dtype.name}", _SURE)
     return term, xs[0][0], scale
+
+
+def _folds(scale: ir.Value, coef: float) -> bool:
+    """Whether the coefficient times the constant scale is finite in the scale's type."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        folded = (_weight(scale) * np.asarray(coef)).astype(scale.dtype.numpy())
+    return bool(np.isfinite(folded.astype(np.float64)).all())
 
 
 def _weight(scale: ir.Value) -> np.ndarray | None:

@@ -36,6 +36,7 @@ class FuseReport:
     skipped: list[Skip] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # partial fusions, opset changes
     verified: bool | None = None  # None: not asked; True: outputs matched in onnxruntime
+    plain_target: bool = False  # the target writes plain ops (no op of its own to fall back from)
 
     @property
     def fused_count(self) -> int:
@@ -97,7 +98,7 @@ class FuseReport:
         if not total:
             return "found no RMSNorm to convert"
         where = f"target '{self.target}'"
-        if PLAIN in written and self.target != "decomposed":
+        if PLAIN in written and not self.plain_target:
             where += "; see the notes"  # why the target's op was not written
         if len(written) == 1:
             [form] = written

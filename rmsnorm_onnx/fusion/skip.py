@@ -27,7 +27,7 @@ from .dims import Dims
 from .driver import containers
 from .patterns import Fused, emit
 from .types import Inferred
-from .values import dim_tokens
+from .values import HALF_TYPES, dim_tokens
 
 LABEL = " +residual Add"
 
@@ -150,11 +150,50 @@ class ResidualAdd(pattern.RewriteRuleClassBase):
         return out
 
 
+# Wide enough that rounding a sum of two half values to it, then to half, is the one correctly
+# rounded half sum (double rounding is innocuous from 2p + 2 bits: 24 >= 2·11 + 2)
+_WIDE = (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+
+
+class WidenedResidualAdd(ResidualAdd):
+    """The same Add of two half activations, computed in float32 and cast back (our own
+    SkipRMSNorm body once inlined, by onnxruntime or onnx's inliner): exactly the half Add."""
+
+    def __init__(self, keep_sum: bool, like: bool, dims: Dims | None, inferred: Inferred | None):
+        super().__init__(keep_sum, dims, inferred)
+        self.name = "widened " + self.name + (" (CastLike)" if like else "")
+        self.like = like
+
+    def pattern(self, op, a, b, to_a, to_b, to_sum, like):
+        wide = op.Add(op.Cast(a, to=to_a), op.Cast(b, to=to_b))
+        total = (
+            op.CastLike(wide, like, _outputs=["total"])
+            if self.like
+            else op.Cast(wide, to=to_sum, _outputs=["total"])
+        )
+        normed = op.RMSNorm(
+            total, _domain=op_schema.DOMAIN, _allow_other_inputs=True, _outputs=["normed"]
+        )
+        return (normed, total) if self.keep_sum else normed
+
+    def check(self, context, a, b, to_a, to_b, normed, to_sum=None, like=None, **rest):
+        result = pattern.MatchResult()
+        back = like.dtype if self.like else ir.DataType(to_sum.as_int())
+        if a.dtype not in HALF_TYPES or back != a.dtype:
+            return result.fail("the Add is not of two half values cast back to their type", a)
+        if {to_a.as_int(), to_b.as_int()} - set(_WIDE):
+            return result.fail("the half values are widened to a type narrower than float32", a)
+        return super().check(context, a, b, normed, **rest)
+
+
 def rules(inferred: Inferred | None = None) -> list[pattern.RewriteRule]:
     """Without S first: S only where the sum is read elsewhere or is a graph output. The two
     share what they proved about dims."""
     dims = Dims()
-    return [ResidualAdd.rule(False, dims, inferred), ResidualAdd.rule(True, dims, inferred)]
+    out = [ResidualAdd.rule(False, dims, inferred), ResidualAdd.rule(True, dims, inferred)]
+    for like in (False, True):
+        out += [WidenedResidualAdd.rule(k, like, dims, inferred) for k in (False, True)]
+    return out
 
 
 def sort(model: ir.Model) -> None:

@@ -26,7 +26,7 @@ import onnx.external_data_helper
 import onnx_ir as ir
 from onnx import defs
 
-from ..onnx_io import all_tensors
+from ..onnx_io import all_tensors, without_defaults
 from ..op_schema import MS_DOMAIN
 from .algebra import STATISTIC_OPS
 from .sources import SOURCE_OPS
@@ -81,7 +81,8 @@ class Inferred:
         if self.proto is None:
             return {}
         try:
-            return _ort_inference(_small_tensors_inline(self.proto, self.base_dir), merge)
+            light, _ = without_defaults(self.proto)  # an input's default may be overridden
+            return _ort_inference(_small_tensors_inline(light, self.base_dir), merge)
         except Exception as e:  # an op it cannot follow: nothing more is known
             _log.debug("symbolic shape inference failed: %s", e)
             return {}

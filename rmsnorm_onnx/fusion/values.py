@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+HALF_TYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})  # computed in float32
+FLOAT_TYPES = HALF_TYPES | {ir.DataType.FLOAT}
 _MAX_READ = 1 << 20  # elements: constants bigger than this are never read
 
 
