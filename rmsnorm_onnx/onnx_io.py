@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import secrets
@@ -105,7 +106,7 @@ def without_defaults(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx
     if not defaults:
         return model, []
     copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # (the weights are not in it here: byte ranges or external)
+    copy.CopyFrom(model)  # (a file's weights are not in it: byte ranges or external)
     kept = [t for t in copy.graph.initializer if t.name not in inputs]
     del copy.graph.initializer[:]
     copy.graph.initializer.extend(kept)
@@ -224,6 +225,8 @@ def output_target(path: str | os.PathLike[str]) -> Path:
     dangling symlink and a missing or unwritable folder, each with one clear line."""
     given = Path(path)
     target = given
+    if str(os.fspath(path)).endswith((os.sep, "/")):  # Path() drops the slash that says "folder"
+        raise UsageError(f"{os.fspath(path)}: names a folder (it ends in '/'), not a file path")
     if len(os.fsencode(given.name)) > _name_max(given.parent):
         raise UsageError(f"{given}: the file name is longer than its folder allows")
     if given.is_symlink():
@@ -294,11 +297,34 @@ def _signals_deferred() -> Iterator[None]:
                 signal.raise_signal(num)
 
 
+@contextlib.contextmanager
+def _folder_locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on ``folder`` (flock, where there is one) for the block: two runs
+    committing into one folder take turns, so a model and its data files are replaced as a
+    pair (two runs writing one OUT would otherwise mix one's graph with the other's weights)."""
+    try:
+        import fcntl
+
+        fd = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError):  # no flock (Windows), or the folder cannot be opened
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def commit(staged: list[tuple[Path, Path]]) -> None:
     """Move each (temporary, final) pair into place, in order, as one step that Ctrl-C or
-    SIGTERM cannot cut in two (they take effect after it). The last pair should be the file that
-    names the others (a model after its data files)."""
-    with _signals_deferred():
+    SIGTERM cannot cut in two (they take effect after it) and that another run committing into
+    the same folder waits for. The last pair should be the file that names the others (a model
+    after its data files)."""
+    folders = sorted({final.parent.resolve() for _, final in staged})
+    with _signals_deferred(), contextlib.ExitStack() as locks:
+        for folder in folders:  # in one order, so that two runs cannot wait on each other
+            locks.enter_context(_folder_locked(folder))
         for tmp, final in staged:
             try:
                 os.replace(tmp, final)
@@ -406,7 +432,35 @@ def external_reference(tensor: onnx.TensorProto, where: str = "model") -> tuple[
                 f"{what}: external data {key} {text!r} is not a byte count (digits only)"
             )
         end += int(text)
+    nbytes = _nbytes(tensor)
+    if "length" in fields and nbytes is not None and int(fields["length"]) != nbytes:
+        raise InvalidModelError(
+            f"{what}: external data length {fields['length']} is not the {nbytes} bytes its "
+            "type and shape take"
+        )
     return location, end
+
+
+# bits per element of the packed types (those this onnx knows)
+_SUB_BYTE = {
+    getattr(TensorProto, name): bits
+    for name, bits in (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2))
+    if hasattr(TensorProto, name)
+}
+
+
+def _nbytes(tensor: onnx.TensorProto) -> int | None:
+    """The bytes a tensor's data takes by its type and shape; None where that is not fixed (a
+    string tensor, an unknown type)."""
+    count = math.prod(tensor.dims)
+    if tensor.data_type in _SUB_BYTE:
+        return -(-count * _SUB_BYTE[tensor.data_type] // 8)
+    if tensor.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+        return None
+    try:
+        return count * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, ValueError, TypeError):
+        return None
 
 
 def hf_blobs(folder: str | os.PathLike[str]) -> Path | None:

@@ -372,12 +372,13 @@ _TAG = re.compile(r"__(\d+)$")
 
 
 def _fresh_tag(model: onnx.ModelProto) -> str:
-    """'' for a model without values onnxruntime named when it inlined a body, else ``__k``,
-    k above any such value's. onnxruntime names the values of an inlined body
-    ``_inlfunc_<op>_<value>`` without checking the graph's names: a file it saved with our bodies
-    inlined, fused again, would otherwise get bodies whose values it names as the first time,
-    and it refuses the duplicate definitions (with our library registered the bodies do not
-    run, and nothing collides)."""
+    """The suffix for the names of the bodies' values: '' where the model holds no value
+    onnxruntime named when it inlined a body, else ``__k`` with k above any such value's.
+
+    onnxruntime names an inlined body's values ``_inlfunc_<op>_<value>`` without looking at the
+    graph's names. A model it saved with our bodies inlined, fused again, holds such names; the
+    new bodies, inlined in turn, would get the same ones, and it refuses the duplicates. (With
+    our library registered the bodies do not run, and nothing collides.)"""
     names = [
         name
         for g in all_graphs(model)

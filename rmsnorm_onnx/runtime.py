@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from .errors import RMSNormOnnxError
-from .onnx_io import serialize
+from .errors import InvalidModelError, RMSNormOnnxError
+from .onnx_io import load_model, serialize
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -261,6 +261,32 @@ def _model_argument(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> 
     )
 
 
+_PARSE_LIMIT = 64 << 20  # bytes: a larger file's inline weights are left unread (byte ranges)
+
+
+def _check_our_attributes(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> None:
+    """Refuse our nodes with an unknown attribute or one of the wrong kind: ORT's C API shows a
+    kernel no list of attributes, so it would run ``eps=0.5`` with the default epsilon."""
+    from .op_schema import attribute_problems
+
+    if isinstance(model, bytes | bytearray):
+        try:
+            model = onnx.ModelProto.FromString(bytes(model))
+        except Exception as e:  # protobuf's DecodeError
+            raise InvalidModelError(f"the bytes given are not an ONNX model ({e})") from None
+    elif not isinstance(model, onnx.ModelProto):
+        path = Path(model)
+        if path.stat().st_size <= _PARSE_LIMIT:
+            model = load_model(path, load_external_data=False)  # one-line errors
+        else:
+            from .fusion.inline_weights import read
+
+            model = read(path).proto
+    problems = attribute_problems(model)
+    if problems:  # (the same check as `rmsnorm-onnx run` and the fusion pass make)
+        raise InvalidModelError(problems[0])
+
+
 def session(
     model: str | os.PathLike[str] | bytes | onnx.ModelProto,
     providers: Sequence[ProviderSpec] | str = ("cpu",),
@@ -277,11 +303,11 @@ def session(
     import onnxruntime as ort
 
     resolved = resolve_providers(providers)
+    argument = _model_argument(model)
+    _check_our_attributes(model)
     opts = copy_options(options) if options is not None else ort.SessionOptions()
     opts.register_custom_ops_library(library_path())
-    sess = ort.InferenceSession(
-        _model_argument(model), sess_options=opts, providers=resolved, **kwargs
-    )
+    sess = ort.InferenceSession(argument, sess_options=opts, providers=resolved, **kwargs)
     active = sess.get_providers()
     wanted = [p if isinstance(p, str) else p[0] for p in resolved]
     missing = [p for p in wanted if p not in active]

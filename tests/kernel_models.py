@@ -46,6 +46,19 @@ CPU_KERNELS = {
 }
 
 
+def kernel_session(model: onnx.ModelProto) -> object:
+    """onnxruntime with our library registered and nothing of the Python package in front of
+    it (``session`` refuses bad attributes itself): what the kernels check, they say."""
+    import onnxruntime as ort
+
+    from rmsnorm_onnx.onnx_io import serialize
+    from rmsnorm_onnx.runtime import library_path
+
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(library_path())
+    return ort.InferenceSession(serialize(model), opts, providers=["CPUExecutionProvider"])
+
+
 @pytest.fixture(params=list(CPU_KERNELS))
 def cpu_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each CPU row kernel in turn (a test taking it runs once per kernel)."""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cli_support import cli_env, decomposed_rmsnorm_model, error_lines, run_cli
 
@@ -143,6 +144,71 @@ def test_keyboard_interrupt_exits_130(monkeypatch, capsys) -> None:
     monkeypatch.setattr(view, "run", _raise(KeyboardInterrupt()))
     assert main.main(["view", "x.onnx"]) == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_a_c_extension_loads_is_an_interruption(monkeypatch, capsys) -> None:
+    """A Ctrl-C that arrives while a C extension initializes (numpy at its first import)
+    surfaces as an ImportError: still an interruption, exit 130, not an unexpected error."""
+    import signal
+
+    from rmsnorm_onnx.cli import view
+
+    def importing(args):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            raise ImportError("initialization failed") from None
+
+    monkeypatch.setattr(view, "run", importing)
+    assert main.main(["view", "x.onnx"]) == 130
+    assert error_lines(capsys.readouterr().err) == ["rmsnorm-onnx: interrupted"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+
+
+@pytest.mark.parametrize(
+    ("node", "opset", "said"),
+    [
+        ("SimplifiedLayerNormalization", 17, "attribute 'epsilon' is of kind STRING"),
+        ("RMSNormalization", 23, "attribute 'axis' is of kind FLOAT, where the op takes INT"),
+        ("ReduceMean", 17, "attribute 'axes' is of kind INT, where the op takes INTS"),
+    ],
+)
+def test_an_attribute_of_the_wrong_kind_is_one_line_naming_the_node(
+    tmp_path, node: str, opset: int, said: str
+) -> None:
+    import onnx
+    from onnx import AttributeProto, TensorProto, helper, numpy_helper
+
+    kind = AttributeProto
+    bad = {
+        "SimplifiedLayerNormalization": kind(name="epsilon", type=kind.STRING, s=b"1e-5"),
+        "RMSNormalization": kind(name="axis", type=kind.FLOAT, f=-1.0),
+        "ReduceMean": kind(name="axes", type=kind.INT, i=-1),
+    }[node]
+    made = helper.make_node(node, ["x", "w"] if node != "ReduceMean" else ["x"], ["y"])
+    made.attribute.append(bad)
+    value = helper.make_tensor_value_info
+    w = numpy_helper.from_array(np.ones(8, np.float32), "w")
+    x, y = value("x", TensorProto.FLOAT, [2, 8]), value("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([made], "g", [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    result = run_cli("fuse", tmp_path / "m.onnx", tmp_path / "out.onnx")
+    assert result.returncode == 1
+    [line] = error_lines(result.stderr)
+    assert f"node '{node}' ({node}): {said}" in line and "unexpected" not in line
+    assert not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize("command", ["fuse", "export"])
+def test_an_output_path_ending_in_a_slash_names_a_folder(tmp_path, command: str) -> None:
+    model = decomposed_rmsnorm_model(tmp_path / "m.onnx")
+    out = f"{tmp_path}/new/"
+    args = ["fuse", model, out] if command == "fuse" else ["export", "-o", out]
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 2 and "names a folder" in result.stderr
+    assert not (tmp_path / "new").exists()
 
 
 def test_quiet_hides_notes(capsys) -> None:

@@ -413,3 +413,104 @@ def test_one_data_file_named_two_ways_is_placed_once(tmp_path):
     inputs = feeds(v)
     np.testing.assert_allclose(run(onnx.load(out), inputs)[0], run(onnx.load(src), inputs)[0],
                                rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+def test_a_data_file_another_model_reads_is_not_replaced(external_model, tmp_path):
+    """A model written beside OUT shares OUT's data file: writing another model to OUT would
+    give it other weights without a word."""
+    src, _, v = external_model
+    out, beside = tmp_path / "o.onnx", tmp_path / "p.onnx"
+    fuse_file(src, out)
+    fuse_file(out, beside, target="decomposed")  # beside OUT: reads o.onnx.data
+    assert _locations(beside) == {"o.onnx.data"}
+    want = _run_path(beside, {"x": feeds(v)["x"]})
+    other = tmp_path / "other" / "m.onnx"
+    other.parent.mkdir()
+    model = _two_norm_model(v)
+    proj = next(t for t in model.graph.initializer if t.name == "proj")
+    proj.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(proj), "proj"))  # other weights
+    _save_external(model, other)
+    with pytest.raises(UsageError, match=r"p\.onnx reads too"):
+        fuse_file(other, out)
+    np.testing.assert_array_equal(_run_path(beside, {"x": feeds(v)["x"]}), want)
+
+
+def test_a_file_under_outs_data_name_that_is_not_its_data_is_not_replaced(external_model, tmp_path):
+    src, _, _ = external_model
+    out = tmp_path / "o.onnx"
+    (tmp_path / "o.onnx.data").write_bytes(b"someone's file")
+    with pytest.raises(UsageError, match=r"not the data file of o\.onnx"):
+        fuse_file(src, out)
+    assert (tmp_path / "o.onnx.data").read_bytes() == b"someone's file"
+    assert not out.exists()
+
+
+def test_two_runs_committing_into_one_folder_take_turns(tmp_path):
+    """A model and its data file are replaced as a pair: a run that commits while another holds
+    the folder waits for it (two fuses writing one OUT mixed one's graph with other's data)."""
+    import fcntl
+    import threading
+
+    from rmsnorm_onnx import onnx_io
+
+    staged = []
+    for name in ("o.onnx.data", "o.onnx"):
+        tmp = tmp_path / f".{name}.tmp"
+        tmp.write_text(f"new {name}")
+        staged.append((tmp, tmp_path / name))
+    fd = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another run, committing
+    done = threading.Thread(target=onnx_io.commit, args=(staged,))
+    done.start()
+    done.join(0.3)
+    assert done.is_alive() and not (tmp_path / "o.onnx.data").exists()
+    os.close(fd)
+    done.join(5)
+    assert (tmp_path / "o.onnx").read_text() == "new o.onnx"
+    assert (tmp_path / "o.onnx.data").read_text() == "new o.onnx.data"
+
+
+def test_a_constant_in_a_data_file_of_several_links_is_a_clear_error(tmp_path):
+    """onnx-ir reads no data file with several hard links (--link-weights makes them): the
+    constants the pass must read (ε, the exponent) then stop it with a clear error."""
+    src = tmp_path / "in" / "m.onnx"
+    src.parent.mkdir()
+    onnx.save_model(build(Variant()), src, save_as_external_data=True,
+                    location="m.data", size_threshold=0)  # fmt: skip
+    fuse_file(src, tmp_path / "linked.onnx", weights="link")
+    with pytest.raises(InvalidModelError, match=r"hard links.*fuse from a copy"):
+        fuse_file(src, tmp_path / "again.onnx")
+
+
+def test_out_a_symlink_into_another_folder_is_refused(external_model, tmp_path):
+    """Written through, its weights would sit beside the target, where the link's path cannot
+    find them."""
+    src, _, _ = external_model
+    (tmp_path / "t").mkdir()
+    (tmp_path / "l").mkdir()
+    (tmp_path / "t" / "target.onnx").write_text("old")
+    (tmp_path / "l" / "out.onnx").symlink_to(tmp_path / "t" / "target.onnx")
+    with pytest.raises(UsageError, match=r"symlink to .* in another folder"):
+        fuse_file(src, tmp_path / "l" / "out.onnx")
+    assert (tmp_path / "t" / "target.onnx").read_text() == "old"
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["target.onnx"]
+
+
+def test_an_external_length_that_is_not_the_tensors_size_is_refused(external_model, tmp_path):
+    src, _, _ = external_model
+    model = onnx.load(src, load_external_data=False)
+    tensor = next(t for t in model.graph.initializer if t.name == "proj")
+    for entry in tensor.external_data:
+        if entry.key == "length":
+            entry.value = "12"
+    onnx.save_model(model, src)
+    with pytest.raises(InvalidModelError, match="'proj': external data length 12 is not"):
+        fuse_file(src, tmp_path / "o.onnx")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_an_out_that_ends_in_a_slash_is_a_folder_not_a_file(external_model, tmp_path):
+    src, _, _ = external_model
+    with pytest.raises(UsageError, match="names a folder"):
+        fuse_file(src, f"{tmp_path}/new/")
+    assert not (tmp_path / "new").exists()

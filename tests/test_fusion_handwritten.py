@@ -128,3 +128,34 @@ def test_a_sign_outside_the_square_is_kept():
     x = np.random.default_rng(2).standard_normal((2, HIDDEN)).astype(np.float32)
     want = np.abs(x) / np.sqrt(np.mean(x.astype(np.float64) ** 2, -1, keepdims=True) + 1e-6)
     np.testing.assert_allclose(session(fused).run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("inner", ["x·x", "x·g"])
+@pytest.mark.parametrize("reduce", ["ReduceSumSquare", "ReduceL2"])
+def test_a_sign_over_a_product_is_no_square_of_x(inner: str, reduce: str):
+    """|x·x|² is x⁴ and |x·g|² is x²·g²: neither sums x² (left alone, not a crash)."""
+    h, tp = onnx.helper, onnx.TensorProto
+    other = "x" if inner == "x·x" else "g"
+    nodes = [
+        h.make_node("Mul", ["x", other], ["p"]),
+        h.make_node("Abs", ["p"], ["a"]),
+        h.make_node(reduce, ["a", "axes"], ["s"]),
+        h.make_node("Mul", ["s", "s"] if reduce == "ReduceL2" else ["s", "one"], ["ss"]),
+        h.make_node("Div", ["ss", "n"], ["ms"]),
+        h.make_node("Add", ["ms", "eps"], ["v"]),
+        h.make_node("Sqrt", ["v"], ["r"]),
+        h.make_node("Div", ["x", "r"], ["y"]),
+    ]
+    consts = {"axes": np.array([-1], np.int64), "one": np.float32(1), "n": np.float32(HIDDEN)}
+    consts["eps"] = np.float32(1e-6)
+    inits = [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()]
+    value = h.make_tensor_value_info
+    inputs = [value("x", tp.FLOAT, [2, HIDDEN]), value("g", tp.FLOAT, [2, HIDDEN])]
+    graph = h.make_graph(nodes, "g", inputs, [value("y", tp.FLOAT, [2, HIDDEN])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+    fused, report = fuse(model)
+    assert report.fused_count == 0
+    rng = np.random.default_rng(3)
+    feeds = {n: rng.standard_normal((2, HIDDEN)).astype(np.float32) for n in ("x", "g")}
+    want = session(model).run(None, feeds)[0]
+    np.testing.assert_array_equal(session(fused).run(None, feeds)[0], want)

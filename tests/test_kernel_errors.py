@@ -2,17 +2,18 @@
 
 Attributes and the element types the graph declares fail at session creation; shapes only known
 when the model runs (scale size, rank, axis) fail at run time, and the session stays usable.
+Sessions here are onnxruntime's own with the library registered: the kernel's checks, not the
+ones ``rmsnorm_onnx.session`` makes first.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_models import ORT_ERRORS, make_model
+from kernel_models import ORT_ERRORS, kernel_session, make_model
 from onnx import TensorProto, helper
 
 from rmsnorm_onnx import op_schema
-from rmsnorm_onnx.runtime import session
 
 X = np.arange(8, dtype=np.float32).reshape(2, 4) - 3.5
 
@@ -31,7 +32,7 @@ X = np.arange(8, dtype=np.float32).reshape(2, 4) - 3.5
 )
 def test_bad_epsilon_fails_at_session_creation(attrs, message):
     with pytest.raises(ORT_ERRORS, match=message):
-        session(make_model("float32", **attrs))
+        kernel_session(make_model("float32", **attrs))
 
 
 def _node_with_raw_attrs(**attrs):
@@ -55,7 +56,7 @@ def _node_with_raw_attrs(**attrs):
 )
 def test_bad_attribute_fails_at_session_creation(attrs, message):
     with pytest.raises(ORT_ERRORS, match=rf"rmsnorm_onnx::RMSNorm node 'rmsnorm': {message}"):
-        session(_node_with_raw_attrs(**attrs))
+        kernel_session(_node_with_raw_attrs(**attrs))
 
 
 def _tensor(value: float) -> object:
@@ -94,7 +95,7 @@ def test_attribute_of_the_wrong_kind_fails_at_session_creation(op, name, value, 
         match=rf"rmsnorm_onnx::{op} node 'rmsnorm': attribute '{name}' must be {expected}, "
         rf"got {kind}",
     ):
-        session(model)
+        kernel_session(model)
 
 
 # --- session creation: element types -----------------------------------------------------------
@@ -116,7 +117,7 @@ def test_unsupported_x_type_fails_at_session_creation(dtype):
     # ORT's type check of the node names the input's type and the node
     expected = {"double": "double", "int32": "int32", "int64": "int64"}[name]
     with pytest.raises(ORT_ERRORS, match=rf"(?s)tensor\({expected}\).*RMSNorm"):
-        session(model)
+        kernel_session(model)
 
 
 @pytest.mark.parametrize(
@@ -139,14 +140,14 @@ def test_parameter_type_mismatch_fails_at_session_creation(x_dtype, param, param
         else rf"it must have X's type \(tensor\({x_dtype}\)\) or tensor\(float\)"
     )
     with pytest.raises(ORT_ERRORS, match=rf"{param} has type tensor\({p_name}\); {rule}"):
-        session(model)
+        kernel_session(model)
 
 
 # --- run time: shapes -------------------------------------------------------------------------
 
 
 def _run_error(model, feeds, message):
-    sess = session(model)
+    sess = kernel_session(model)
     with pytest.raises(ORT_ERRORS, match=message):
         sess.run(None, feeds)
     return sess
@@ -199,7 +200,7 @@ def test_axis_out_of_range_fails_at_run_time(axis, rank):
 
 def test_errors_name_the_node_and_keep_the_process_alive():
     model = make_model("float32", scale_dtype="float32")
-    sess = session(model)
+    sess = kernel_session(model)
     for _ in range(3):
         with pytest.raises(ORT_ERRORS, match=r"node 'rmsnorm'"):
             sess.run(None, {"x": X, "scale": np.ones(5, np.float32)})

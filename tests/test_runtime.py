@@ -11,12 +11,13 @@ from pathlib import Path
 
 import native_build
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from kernel_models import make_model
 
 from rmsnorm_onnx import op_schema, runtime
-from rmsnorm_onnx.errors import RMSNormOnnxError
+from rmsnorm_onnx.errors import InvalidModelError, RMSNormOnnxError
 from rmsnorm_onnx.runtime import cuda_available, library_path, session
 
 CSRC = Path(__file__).resolve().parents[1] / "rmsnorm_onnx" / "csrc"
@@ -100,6 +101,23 @@ def test_session_rejects_what_is_not_a_model(tmp_path):
         session(tmp_path / "missing.onnx")
     with pytest.raises(RMSNormOnnxError, match=r"must be a path, bytes or onnx\.ModelProto"):
         session(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("form", ["proto", "bytes", "path"])
+def test_session_refuses_our_node_with_an_attribute_the_kernel_cannot_see(tmp_path, form):
+    """ORT shows a kernel no list of attributes: ``eps=0.5`` (for epsilon) would run with the
+    default epsilon, so session() refuses it as `rmsnorm-onnx run` and the fusion pass do."""
+    from rmsnorm_onnx.onnx_io import save_model, set_ir_version
+
+    model = set_ir_version(make_model("float32"))
+    node = next(n for n in model.graph.node if n.domain == op_schema.DOMAIN)
+    node.attribute.append(onnx.helper.make_attribute("eps", 0.5))
+    given = {"proto": model, "bytes": model.SerializeToString()}.get(form)
+    given = given if given is not None else save_model(model, tmp_path / "m.onnx")
+    with pytest.raises(InvalidModelError, match="unknown attribute 'eps'"):
+        session(given)
+    with pytest.raises(InvalidModelError, match="not an ONNX model"):
+        session(b"junk")
 
 
 @pytest.mark.parametrize(

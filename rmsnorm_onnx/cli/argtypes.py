@@ -11,6 +11,14 @@ from ..errors import UsageError
 DEFAULT_MAX_GB = 4.0
 
 
+def file_path(text: str) -> str:
+    """A path to write a file at: not one that ends in '/', which names a folder (a path
+    library would drop the slash and write a file of the folder's name)."""
+    if text.endswith((os.sep, "/")):
+        raise argparse.ArgumentTypeError(f"{text}: names a folder (it ends in '/'), not a file")
+    return text
+
+
 def positive_int(text: str) -> int:
     """An int >= 1 (timed runs, thread counts, dimensions)."""
     value = int(text)

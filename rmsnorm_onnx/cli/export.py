@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RMSNormOnnxError, UsageError
-from . import console
+from . import argtypes, console
 from .progress import Progress
 
 MODES = ("decomposed", "fused", "standard")
@@ -97,6 +97,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "-o",
         "--output",
         metavar="PATH",
+        type=argtypes.file_path,
         help="where to write the model (default: ./<model>.<rmsnorm>.onnx)",
     )
     p.add_argument(

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         report = fuse_file(
             args.input,
-            out,
+            args.output or args.output_opt,  # as given: a trailing '/' names a folder
             target=target,
             verify=args.verify,
             in_place=args.in_place,

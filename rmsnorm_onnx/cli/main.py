@@ -108,16 +108,47 @@ def _sigterm_unwinds() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+_interrupted = threading.Event()  # a Ctrl-C arrived: whatever fails after it was interrupted
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _interrupted.set()
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _sigint_noted() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt as ever, and is noted: one arriving while a C extension
+    initializes (numpy, onnx, onnxruntime at first import) surfaces as an ImportError instead."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _interrupted.clear()
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interruption() -> int:
+    print(f"\n{console.PROG}: interrupted", file=sys.stderr)
+    return 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, --version (0) and usage errors (2)
-        return int(e.code) if isinstance(e.code, int) else (0 if e.code is None else 2)
-    console.configure(verbose=args.verbose, quiet=args.quiet)
-    with _sigterm_unwinds():
-        return _dispatch(args)
+    with _sigint_noted():
+        try:
+            parser = build_parser()
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help, --version (0) and usage errors (2)
+            return int(e.code) if isinstance(e.code, int) else (0 if e.code is None else 2)
+        except KeyboardInterrupt:
+            return _interruption()
+        console.configure(verbose=args.verbose, quiet=args.quiet)
+        with _sigterm_unwinds():
+            return _dispatch(args)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -131,8 +162,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         _report(str(e))
         return e.exit_code
     except KeyboardInterrupt:
-        print(f"\n{console.PROG}: interrupted", file=sys.stderr)
-        return 130
+        return _interruption()
     except Terminated:
         print(f"{console.PROG}: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
@@ -147,6 +177,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         _report(f"{paths or 'file system'}: {e.strerror or e}", hint=True)
         return 1
     except Exception as e:
+        if _interrupted.is_set():  # (an ImportError from a C extension cut short)
+            return _interruption()
         _report(f"unexpected {type(e).__name__}: {e}", hint=True)
         return 1
 

@@ -47,7 +47,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_timing_options(p)
     _add_compare_options(p)
     p.add_argument(
-        "--save-outputs", metavar="FILE.npz", help="write the outputs to an .npz archive"
+        "--save-outputs",
+        metavar="FILE.npz",
+        type=argtypes.file_path,
+        help="write the outputs to an .npz archive",
     )
     p.add_argument(
         "--no-library",

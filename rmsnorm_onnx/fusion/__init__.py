@@ -234,7 +234,7 @@ def fuse_file(
         raise UsageError(
             f"{dst_path}: is the input file; refusing to overwrite it without --in-place"
         )
-    out = onnx_io.output_target(dst_path)  # no device, FIFO, socket, folder; symlinks followed
+    out = onnx_io.output_target(dst)  # no device, FIFO, socket, folder; symlinks followed
     # Large weights stored inside IN stay there as byte ranges, streamed to OUT, never parsed
     # (parsing a model into Python objects costs about five times the file in memory).
     source = inline_weights.read(src_path)
@@ -246,7 +246,7 @@ def fuse_file(
         function_bodies=function_bodies,
         for_runtime=for_runtime,
     )
-    placed = external.write(model, src_path.parent, out, weights=weights, split=source)
+    placed = external.write(model, src_path.parent, dst_path, weights=weights, split=source)
     for path, how in sorted(placed.items()):
         report.notes.append(f"weights {how} to {path}")
         if how == "hard-linked":

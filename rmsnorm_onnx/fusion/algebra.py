@@ -620,7 +620,10 @@ class Reader:
         if found is None:
             return Product.leaf(value)
         square = self._unsigned(found[2].power(Fraction(2)), depth)
-        ((y, _),) = square.leaves()
+        leaves = square.leaves()
+        if len(leaves) != 1 or leaves[0][1] != 2:  # |x·x|² is x⁴, |x·g|² is x²·g²
+            return Product.leaf(value)
+        y = leaves[0][0]
         n = self.count(node, y)
         if isinstance(n, Miss):
             return n

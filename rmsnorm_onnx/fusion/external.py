@@ -5,7 +5,8 @@ rewritten and the input is never touched. Where the data files go:
 
 - OUT beside IN: nothing to do, OUT refers to IN's data file.
 - elsewhere: each data file is placed next to OUT under a name derived from OUT's
-  (``OUT.data``, ``OUT.data1``, ...), so no unrelated file there is overwritten: a copy-on-write
+  (``OUT.data``, ``OUT.data1``, ...); a file of that name is replaced only where it is the data
+  file of the OUT being replaced and no other model in that folder reads it: a copy-on-write
   clone where the filesystem has them (btrfs, XFS), else a copy. ``weights="link"`` hard-links
   instead; onnx's and onnx-ir's loaders then refuse both IN's and OUT's data file (they reject
   files with several links, onnxruntime reads them), so linking is only done when asked for.
@@ -131,15 +132,21 @@ def write(
     """
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
-    dst = onnx_io.output_target(dst)  # a symlink is written through: data beside its target
+    given, dst = Path(dst), onnx_io.output_target(dst)  # a symlink is written through
     files = external_files(model, split)
     if files and src_dir is None:
         raise InvalidModelError("model refers to external data but its folder is unknown")
+    if files and given.parent.resolve() != dst.parent.resolve():
+        raise UsageError(
+            f"{given}: is a symlink to {dst} in another folder: the weights would go beside "
+            f"{dst.name}, where the model read as {given} cannot find them (write to {dst})"
+        )
     beside = bool(files) and dst.parent.resolve() == src_dir.resolve()
     renamed = {} if beside else _renamed(files, dst)
     sources = {new: src_dir / location for location, new in renamed.items()}
     for new_location in sources:  # a folder or a FIFO there: refused before any copy
         onnx_io.output_target(dst.parent / new_location)
+    _check_replaced_data(dst, list(sources))
     onnx_io.remove_stale_temps(dst.parent)
     staged: list[tuple[Path, Path]] = []
     placed: dict[Path, str] = {}
@@ -163,6 +170,40 @@ def write(
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
     return placed
+
+
+def _locations(path: Path) -> set[str]:
+    """The data files the model at ``path`` names (normalized), read without its weights; none
+    where it is not a model that can be read."""
+    try:
+        proto = inline_weights.read(path).proto
+        return {os.path.normpath(loc) for loc in external_files(proto, where=path)}
+    except Exception:  # not a model, or a broken one: it reads nothing
+        return set()
+
+
+def _check_replaced_data(dst: Path, names: list[str]) -> None:
+    """Refuse to replace a file beside OUT that OUT's weights are to take the name of, unless
+    it is the data file of the OUT being replaced and no other model in that folder reads it (a
+    model written beside OUT earlier shares OUT's data file: it would then compute with other
+    weights)."""
+    existing = {name for name in names if (dst.parent / name).exists()}
+    if not existing:
+        return
+    own = _locations(dst) if dst.is_file() else set()
+    if foreign := sorted(existing - own):
+        raise UsageError(
+            f"{dst}: its weights would replace {dst.parent / foreign[0]}, which is not the data "
+            f"file of {dst.name}; refusing to overwrite it (remove it, or choose another OUT)"
+        )
+    for other in sorted(dst.parent.glob("*.onnx")):
+        shared = sorted(existing & _locations(other)) if not onnx_io.same_file(other, dst) else []
+        if shared:
+            raise UsageError(
+                f"{dst}: its weights would replace {dst.parent / shared[0]}, which {other} "
+                "reads too (written beside it, it shares that file); refusing to overwrite it "
+                "(choose another OUT)"
+            )
 
 
 def _relocate(model: onnx.ModelProto, renamed: dict[str, str], split: WeightsInFile | None) -> None:

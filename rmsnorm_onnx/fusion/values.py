@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from ..errors import InvalidModelError
+
 HALF_TYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})  # computed in float32
 FLOAT_TYPES = HALF_TYPES | {ir.DataType.FLOAT}
 _MAX_READ = 1 << 20  # elements: constants bigger than this are never read
@@ -37,7 +39,15 @@ def constant_tensor(
 def constant_array(value: ir.Value | None, *, max_size: int = _MAX_READ) -> np.ndarray | None:
     """The value's constant contents (initializer or Constant node), or None if not constant."""
     tensor = constant_tensor(value, max_size=max_size)
-    return None if tensor is None else np.asarray(tensor.numpy())
+    if tensor is None:
+        return None
+    try:
+        return np.asarray(tensor.numpy())
+    except ValueError as e:  # onnx-ir reads no data file with several hard links
+        raise InvalidModelError(
+            f"cannot read the constant '{value.name}' from its external data: {e} (onnx-ir "
+            "refuses such files, which --link-weights makes; fuse from a copy of the model)"
+        ) from None
 
 
 def constant_source(value: ir.Value | None) -> ir.Value | None:

@@ -1,4 +1,5 @@
-"""Refusing graphs no runtime would load: cycles, self-loops, inputs nothing defines.
+"""Refusing graphs no runtime would load: cycles, self-loops, inputs nothing defines,
+attributes of another kind than their op's schema says.
 
 ONNX requires nodes in topological order, each input defined before it is read (by an input,
 an initializer, an earlier node, or an enclosing graph). One linear pass checks that, so that
@@ -16,12 +17,62 @@ import onnx
 
 from ..errors import InvalidModelError
 from ..onnx_io import subgraphs
+from ..op_schema import MS_DOMAIN, ORT_NORM, ORT_SKIP_NORM
+
+_A = onnx.AttributeProto
+# onnxruntime's norm ops, which onnx has no schema for: the kinds of the attributes they take
+_FOREIGN_KINDS = {
+    ("", ORT_NORM): {"axis": _A.INT, "epsilon": _A.FLOAT, "stash_type": _A.INT},
+    (MS_DOMAIN, ORT_SKIP_NORM): {"epsilon": _A.FLOAT},
+}
+
+
+class _Kinds:
+    """Attribute name -> kind for a node's op at the model's default-domain opset (onnx's
+    schema, or onnxruntime's norm ops'); empty for ops without a known schema."""
+
+    def __init__(self, opset: int | None) -> None:
+        self.opset = opset
+        self._cache: dict[tuple[str, str], dict[str, int]] = {}
+
+    def __call__(self, node: onnx.NodeProto) -> dict[str, int]:
+        key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+        if key not in self._cache:
+            kinds = _FOREIGN_KINDS.get(key, {})
+            if not kinds and key[0] == "" and self.opset:
+                try:
+                    schema = onnx.defs.get_schema(node.op_type, self.opset, "")
+                    kinds = {name: int(a.type) for name, a in schema.attributes.items()}
+                except onnx.defs.SchemaError:  # not an onnx op: nothing to check
+                    pass
+            self._cache[key] = kinds
+        return self._cache[key]
+
+
+def _check_kinds(node: onnx.NodeProto, kinds: _Kinds, where: str, source: str) -> None:
+    wanted = kinds(node)
+    for attr in node.attribute:
+        want = wanted.get(attr.name)
+        if want is None or attr.ref_attr_name or attr.type == want:
+            continue
+        label = node.name or node.op_type
+        have, kind = _A.AttributeType.Name(attr.type), _A.AttributeType.Name(want)
+        raise InvalidModelError(
+            f"{source}: {where}: node '{label}' ({node.op_type}): attribute '{attr.name}' is "
+            f"of kind {have}, where the op takes {kind}"
+        )
 
 
 def _check_nodes(
-    nodes: Iterable[onnx.NodeProto], defined: set[str], where: str, source: str, local: set[str]
+    nodes: Iterable[onnx.NodeProto],
+    defined: set[str],
+    where: str,
+    source: str,
+    local: set[str],
+    kinds: _Kinds,
 ) -> None:
     for node in nodes:
+        _check_kinds(node, kinds, where, source)
         for name in node.input:
             if name and name not in defined:
                 label = node.name or node.op_type
@@ -31,7 +82,7 @@ def _check_nodes(
                     "or nodes out of topological order)"
                 )
         for sub in subgraphs(node):
-            _check_graph(sub, defined, f"subgraph '{sub.name}'", source)
+            _check_graph(sub, defined, f"subgraph '{sub.name}'", source, kinds)
         for name in node.output:
             if name and name in local:  # SSA: one definition per name in a graph
                 label = node.name or node.op_type
@@ -43,7 +94,9 @@ def _check_nodes(
         defined.update(o for o in node.output if o)
 
 
-def _check_graph(graph: onnx.GraphProto, outer: set[str], where: str, source: str) -> None:
+def _check_graph(
+    graph: onnx.GraphProto, outer: set[str], where: str, source: str, kinds: _Kinds
+) -> None:
     inputs = [i.name for i in graph.input]
     twice = sorted({n for n in inputs if inputs.count(n) > 1})
     if twice:
@@ -51,16 +104,20 @@ def _check_graph(graph: onnx.GraphProto, outer: set[str], where: str, source: st
     local = set(inputs)
     local.update(t.name for t in graph.initializer)
     local.update(t.values.name for t in graph.sparse_initializer)
-    _check_nodes(graph.node, set(outer) | local, where, source, local)
+    _check_nodes(graph.node, set(outer) | local, where, source, local, kinds)
 
 
 def check(model: onnx.ModelProto, source: str = "model") -> None:
-    """Raise InvalidModelError unless every graph and function reads only defined values, and
-    defines each value once."""
-    _check_graph(model.graph, set(), "main graph", source)
+    """Raise InvalidModelError unless every graph and function reads only defined values,
+    defines each value once, and gives each attribute of a known op the kind it takes."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    kinds = _Kinds(opset)
+    _check_graph(model.graph, set(), "main graph", source, kinds)
     for f in model.functions:
         where = f"function {f.domain}::{f.name}"
-        _check_nodes(f.node, set(f.input), where, source, set(f.input))
+        f_opset = next((o.version for o in f.opset_import if o.domain in ("", "ai.onnx")), opset)
+        f_kinds = kinds if f_opset == opset else _Kinds(f_opset)
+        _check_nodes(f.node, set(f.input), where, source, set(f.input), f_kinds)
 
 
 def _reads(node: onnx.NodeProto) -> set[str]:
