@@ -73,6 +73,22 @@ def test_symbolic_dims(decomposed: Path, args: list[str], shape: str) -> None:
     assert _outputs(result.stdout)["y"]["shape"] == shape
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--dim", "batch=3", "--dim", "batch=5"], "--dim batch: given twice ('3' and '5')"),
+        (["--dim", "batch=\u0663"], "--dim batch='\u0663': not an integer"),
+    ],
+    ids=["twice", "arabic-indic-digit"],
+)
+def test_a_dim_given_twice_or_in_other_digits_is_a_usage_error(
+    decomposed: Path, args: list[str], said: str
+) -> None:
+    result = run_cli("run", decomposed, *args, "--repeat", "1")
+    assert result.returncode == 2
+    assert error_lines(result.stderr) == [f"rmsnorm-onnx: error: {said}"]
+
+
 def test_npy_input_checksum_and_saved_outputs_match_the_reference(
     fused: Path, tmp_path: Path, rng: np.random.Generator
 ) -> None:

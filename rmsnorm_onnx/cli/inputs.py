@@ -119,6 +119,8 @@ def parse_assignments(items: Iterable[str] | None, option: str) -> dict[str, str
         name, sep, value = item.partition("=")
         if not sep or not name or not value:
             raise UsageError(f"{option} {item!r}: expected NAME=VALUE")
+        if name in out and out[name] != value:  # which one was meant is not ours to guess
+            raise UsageError(f"{option} {name}: given twice ({out[name]!r} and {value!r})")
         out[name] = value
     return out
 
@@ -143,6 +145,8 @@ def parse_shapes(items: Iterable[str] | None) -> dict[str, tuple[int, ...]]:
 
 def _positive(text: str, what: str, *, zero_ok: bool = False) -> int:
     try:
+        if not text.strip().isascii():  # int() also reads other scripts' digits ("٣")
+            raise ValueError
         value = int(text)
     except ValueError:
         raise UsageError(f"{what}={text!r}: not an integer") from None
