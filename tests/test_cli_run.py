@@ -89,6 +89,29 @@ def test_a_dim_given_twice_or_in_other_digits_is_a_usage_error(
     assert error_lines(result.stderr) == [f"rmsnorm-onnx: error: {said}"]
 
 
+def test_a_model_that_fails_when_run_is_one_error_line(tmp_path: Path) -> None:
+    """onnxruntime logs a failing kernel in colour before it raises: -v shows that log, the
+    default says it once."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([3, 5], np.int64), "s")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    result = run_cli("run", tmp_path / "m.onnx", "--dim", "n=2", "--repeat", "1")
+    assert result.returncode == 1
+    [line] = error_lines(result.stderr)
+    assert "cannot be reshaped" in line
+    verbose = run_cli("-v", "run", tmp_path / "m.onnx", "--dim", "n=2", "--repeat", "1")
+    assert "ExecuteKernel" in verbose.stderr
+
+
 def test_npy_input_checksum_and_saved_outputs_match_the_reference(
     fused: Path, tmp_path: Path, rng: np.random.Generator
 ) -> None:

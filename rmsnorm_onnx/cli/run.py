@@ -292,6 +292,8 @@ def _session(
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
+    if not console.verbose():  # its errors are raised, and reported in one line; -v shows its log
+        options.log_severity_level = 4
     try:
         if library:
             session = runtime.session(path, providers=[provider], options=options)
