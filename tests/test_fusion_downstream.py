@@ -77,6 +77,10 @@ def norm_ops(model: onnx.ModelProto) -> dict[str, int]:
     return dict(Counter(n.op_type for n in model.graph.node if n.domain == op_schema.DOMAIN))
 
 
+def _nodes(model: onnx.ModelProto) -> list[tuple[str, list[str]]]:
+    return [(n.op_type, list(n.input)) for n in model.graph.node]
+
+
 def plain_session(model: onnx.ModelProto | str) -> ort.InferenceSession:
     """onnxruntime without our library: our ops run their function bodies."""
     data = model if isinstance(model, str) else model.SerializeToString()
@@ -120,6 +124,8 @@ def test_our_inlined_bodies_fuse_back_to_the_same_ops(dtype: type, fused_library
     inlined = onnx.inliner.inline_local_functions(first)
     again, report = fuse(inlined, verify=True)
     assert norm_ops(again) == FIRST and report.verified, report.summary(verbose=True)
+    # the same nodes on the same values: no Cast the bodies had is left around the ops
+    assert _nodes(again) == _nodes(first)
     tol = 1e-5 if dtype is np.float32 else 2e-3
     want = plain_session(first).run(None, feeds(dtype))[0].astype(np.float32)
     got = session(again).run(None, feeds(dtype))[0].astype(np.float32)
@@ -182,6 +188,7 @@ def test_bodies_renamed_by_add_prefix_fuse_again(fused_library) -> None:
     assert {n.op_type for n in prefixed.graph.node if n.domain} == {"a_RMSNorm", "a_SkipRMSNorm"}
     again, report = fuse(prefixed, verify=True)
     assert norm_ops(again) == FIRST and report.verified, report.summary(verbose=True)
+    assert _nodes(again) == [(op, [f"a_{i}" for i in ins]) for op, ins in _nodes(first)]
     assert {f.name for f in again.functions} == set(FIRST)
     x = {"a_x": feeds()["x"]}
     want = plain_session(blocks()).run(None, feeds())[0]

@@ -20,9 +20,11 @@ import onnx
 import onnx_ir as ir
 import onnxscript.optimizer
 
+from .. import op_schema
 from . import diagnose, driver, patterns, recognise, skip, sources, types
 from .canonical import PATTERN_TAG, SOURCE_TAG, is_canonical
 from .report import FROM_PLAIN_OPS, FuseReport
+from .values import HALF_TYPES
 
 _MAX_ABSORB_ROUNDS = 8  # Cast, scale, Cast, bias: a chain absorbs in at most four rounds
 
@@ -72,6 +74,8 @@ def canonicalize(
     report.with_skip = driver.apply(model, residual, _norms(model))
     if report.with_skip:
         skip.sort(model)
+    if _bypass_no_op_casts(model):
+        onnxscript.optimizer.remove_unused_nodes(model)
 
     report.skipped = decomposed_skips
     left = [n for n in driver.all_nodes(model) if sources.is_source(n)]
@@ -87,6 +91,63 @@ def canonicalize(
         # residual Add around it: only the first is a norm fused here
         source = node.metadata_props.get(SOURCE_TAG, "")
         (report.fused if source.startswith(FROM_PLAIN_OPS) else report.grown)[label] += 1
+
+
+def _no_op_cast(node: ir.Node | None) -> ir.Value | None:
+    """The input of a Cast or CastLike to the type its input has already, else None."""
+    if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
+        return None
+    source = node.inputs[0]
+    if source is None or source.dtype is None:
+        return None
+    if node.op_type == "Cast":
+        to = node.attributes.get_int("to", None)
+    elif node.op_type == "CastLike" and len(node.inputs) > 1 and node.inputs[1] is not None:
+        to = node.inputs[1].dtype
+    else:
+        return None
+    return source if to == source.dtype else None
+
+
+def _widened_param(value: ir.Value, x: ir.Value | None) -> ir.Value | None:
+    """w for a scale or bias Cast(w, float32) where w has X's half type: the op widens a half
+    parameter itself (exactly), as our half bodies do with a Cast."""
+    node = value.producer()
+    if node is None or node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+        return None
+    source = node.inputs[0] if node.inputs else None
+    if source is None or x is None or x.dtype not in HALF_TYPES or source.dtype != x.dtype:
+        return None
+    return source if node.attributes.get_int("to", None) == ir.DataType.FLOAT else None
+
+
+def _bypass_no_op_casts(model: ir.Model) -> int:
+    """Our nodes read past no-op Casts (and a half parameter's Cast to float32), and a no-op
+    Cast that is an output's only reader goes (its name to the output): our own bodies, inlined
+    and fused again (onnx's inliner, add_prefix), leave them around each op. Returns how many
+    were bypassed."""
+    count = 0
+    for node in _canonical(model):
+        x = node.inputs[0]
+        params_from = 2 if node.op_type == op_schema.SKIP_OP_TYPE else 1
+        for i, value in enumerate(node.inputs):
+            source = None if value is None else _no_op_cast(value.producer())
+            if source is None and i >= params_from and value is not None:
+                source = _widened_param(value, x)
+            if source is not None:
+                node.replace_input_with(i, source)
+                count += 1
+        for out in node.outputs:
+            readers = out.consumers()
+            cast = readers[0] if len(readers) == 1 and not out.is_graph_output() else None
+            if _no_op_cast(cast) is not out or cast.outputs[0].is_graph_output():
+                continue
+            name = cast.outputs[0].name
+            ir.convenience.replace_all_uses_with(cast.outputs[0], out)
+            cast.graph.remove(cast, safe=True)
+            out.name = name
+            count += 1
+    return count
 
 
 def _drop_unused_subgraph_initializers(model: ir.Model) -> None:
