@@ -89,7 +89,13 @@ def _two_axes(g: Graph) -> str:
     return g.op("Expand", restored, g.ints([2, 1, 1]))
 
 
+def _pooled_squeezed(g: Graph) -> str:  # tf2onnx at opset <= 17, the Unsqueeze at once
+    pooled = g.op("GlobalAveragePool", g.op("Mul", "x", "x"))
+    return g.op("Unsqueeze", g.op("Squeeze", pooled, g.ints([2])), g.ints([2]))
+
+
 RESTORED = {  # name: (how ms is written, first normalized axis)
+    "pooled-squeezed-unsqueezed": (_pooled_squeezed, -1),
     "unsqueeze-last": (_unsqueeze_last, -1),
     "unsqueeze-positive": (_unsqueeze_positive, -1),
     "reshape": (_reshape, -1),
@@ -109,6 +115,28 @@ def test_a_mean_whose_dropped_axes_are_put_back_fuses(name: str) -> None:
     x = _x((2, 3, 16))
     want = rms_norm(x, w, epsilon=EPS, axis=axis)
     np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("back_at", "fuses"), [(2, True), (1, False)], ids=["last", "middle"])
+def test_tf2onnx_pooled_mean_squeezed_and_put_back_after_the_root(back_at: int, fuses: bool):
+    """tf2onnx (opset <= 17) writes tf.reduce_mean(tf.square(x), -1) as GlobalAveragePool +
+    Squeeze and puts the axis back after the root: x · Unsqueeze(1/√(ms + ε)) · w. Put back
+    in the middle (x square in its last two dims, so the graph still runs) it scales x's
+    columns by other rows' factors: no norm."""
+    g = Graph((2, 4, 4))
+    w = _weights(4)
+    pooled = g.op("GlobalAveragePool", g.op("Mul", "x", "x"))
+    ms = g.op("Squeeze", pooled, g.ints([2]))
+    inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", ms, g.const(EPS))))
+    factor = g.op("Mul", g.op("Unsqueeze", inv, g.ints([back_at])), g.const(w))
+    model = g.model(g.op("Mul", "x", factor))
+    fused, report = fuse(model)
+    assert report.fused_count == int(fuses), report.summary(verbose=True)
+    x = _x((2, 4, 4))
+    np.testing.assert_allclose(run(fused, {"x": x})[0], run(model, {"x": x})[0], rtol=1e-5)
+    if fuses:
+        want = rms_norm(x, w, epsilon=EPS)
+        np.testing.assert_allclose(run(fused, {"x": x})[0], want, rtol=1e-5, atol=1e-6)
 
 
 def test_flax_two_axis_rmsnorm_as_jax2onnx_writes_it_fuses() -> None:

@@ -484,3 +484,55 @@ def test_an_epsilon_float32_cannot_hold_is_not_written():
     assert any("float32 (the op's epsilon) does not hold" in s.reason for s in report.skipped)
     feeds = {"x": _x()}
     np.testing.assert_array_equal(_plain(fused, feeds)[0], _plain(model, feeds)[0])
+
+
+@pytest.mark.parametrize("scale_dims", [[1, 1, 8], [2, 8]], ids=["fits", "broadcasts-rows"])
+def test_an_initializers_own_dims_hold_whatever_a_value_info_says(scale_dims):
+    # jax2onnx declares a Loop body's constants [?, ?, ?]: the tensor's dims decide whether the
+    # scale fits the norm; one that does not stays outside, said once
+    w = np.linspace(0.5, 1.5, int(np.prod(scale_dims)), dtype=np.float32).reshape(scale_dims)
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        _const("ax", np.array([-1], np.int64)),
+        helper.make_node("ReduceMean", ["sq", "ax"], ["m"]),
+        _const("eps", np.float32(1e-6)),
+        helper.make_node("Add", ["m", "eps"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["r"]),
+        helper.make_node("Div", ["x", "r"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["y"], name="scale_mul"),
+    ]
+    unknown = [helper.make_tensor_value_info("w", TensorProto.FLOAT, [None] * len(scale_dims))]
+    graph = helper.make_graph(
+        nodes, "g", [_info("x", ["B", 2, 8])], [_info("y", ["B", 2, 8])],
+        [numpy_helper.from_array(w, "w")], value_info=unknown,
+    )  # fmt: skip
+    model = _model(graph, ir_version=8)
+    fused, report = fuse(model)
+    ops = [n.op_type for n in fused.graph.node if n.op_type != "Constant"]
+    fits = scale_dims == [1, 1, 8]
+    assert ops == (["RMSNorm"] if fits else ["RMSNorm", "Mul"]), report.summary(verbose=True)
+    assert len(report.notes) == (0 if fits else 1), report.notes
+    feeds = {"x": _x((3, 2, 8))}
+    got = session(fused).run(None, feeds)[0]
+    np.testing.assert_allclose(got, _plain(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_axes_the_graph_computes_from_a_constant_are_read():
+    # tf2onnx without its optimizers: ReduceMean's axes are Reshape(Cast(int32 [-1]), [1])
+    nodes = [
+        _const("ax32", np.array([-1], np.int32)),
+        helper.make_node("Cast", ["ax32"], ["ax64"], to=TensorProto.INT64),
+        _const("one", np.array([1], np.int64)),
+        helper.make_node("Reshape", ["ax64", "one"], ["ax"]),
+        *[n for n in _norm("x", "y") if n.output[0] != "ax"],
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [_info("x")], [_info("y")], [numpy_helper.from_array(W, "w")]
+    )
+    model = _model(graph, ir_version=8)
+    fused, report = fuse(model)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    assert [n.op_type for n in fused.graph.node if n.op_type != "Constant"] == ["RMSNorm"]
+    feeds = {"x": _x()}
+    want = reference.rms_norm(feeds["x"], W, epsilon=1e-5)
+    np.testing.assert_allclose(session(fused).run(None, feeds)[0], want, rtol=1e-5, atol=1e-6)

@@ -169,6 +169,7 @@ def fuse(
         _refuse_non_utf8(proto, where)
         raise
     preserve.unknown_negative_dims(model)
+    preserve.initializer_shapes(model)
     opset.one_default_import(model)  # "ai.onnx" is the default domain too: one name from here
     opset.our_version(model)
     op_functions.remove(model)  # our ops' bodies: never raised; written afresh below if wanted

@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from .values import (
     constant_array,
+    constant_integers,
     dim_number,
     filled_with,
     no_wider_than,
@@ -473,12 +474,36 @@ class Reader:
             return Product.leaf(value)
         (ms,) = mss.values()
         if ms.dropped and node.op_type != "Expand" and self._puts_back(node, value, ms, inner):
-            return _kept(inner, ms)
+            return _with_ms(inner, ms, dropped=False)
         if not ms.dropped and node.op_type != "Unsqueeze" and _as_wide_as(value, ms.x):
             return inner.copy()
         return Product.leaf(value)
 
     _op_Unsqueeze = _op_Reshape = _op_Expand = _restored
+
+    def _op_Squeeze(self, node: ir.Node, value: ir.Value, depth: int) -> Product | Miss:
+        """A Squeeze of a statistic taken with its axes kept that drops exactly those axes: the
+        statistic with keepdims=0 (tf2onnx's GlobalAveragePool + Squeeze at opset <= 17)."""
+        inner = self.read(node.inputs[0], depth) if node.inputs and node.inputs[0] else None
+        if not isinstance(inner, Product) or inner.leaves() or not inner.statistic():
+            return inner if isinstance(inner, Miss) else Product.leaf(value)
+        mss = {id(_mean_square(t)): _mean_square(t) for t, _ in inner.statistic()}
+        (ms, *others) = mss.values()
+        x_rank = rank(ms.x)
+        if others or ms.dropped or ms.axis == 0 or x_rank is None:
+            return Product.leaf(value)
+        axes = self._squeeze_axes(node)
+        trailing = list(range(x_rank + ms.axis, x_rank))
+        if axes is None or sorted(a % x_rank for a in axes) != trailing:
+            return Product.leaf(value)
+        return _with_ms(inner, ms, dropped=True)
+
+    def _squeeze_axes(self, node: ir.Node) -> list[int] | None:
+        """The axes of a Squeeze or Unsqueeze: an input from opset 13, an attribute before."""
+        if self.opset >= 13:
+            array = constant_integers(node.inputs[1]) if len(node.inputs) > 1 else None
+            return None if array is None else [int(a) for a in array]
+        return list(node.attributes.get_ints("axes", [])) or None
 
     def _puts_back(self, node: ir.Node, value: ir.Value, ms: MeanSquare, read: Product) -> bool:
         """Whether the node's output is ms with its reduced (trailing) axes back as 1s: its
@@ -489,11 +514,7 @@ class Reader:
             return False
         trailing = list(range(x_rank + ms.axis, x_rank))
         if node.op_type == "Unsqueeze":
-            if self.opset >= 13:
-                array = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
-                axes = None if array is None else [int(a) for a in array.reshape(-1)]
-            else:
-                axes = list(node.attributes.get_ints("axes", []))
+            axes = self._squeeze_axes(node)
             return axes is not None and sorted(a % x_rank for a in axes) == trailing
         shape, x_shape = value.shape, ms.x.shape
         target = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
@@ -682,7 +703,7 @@ class Reader:
             if axes_value is None:
                 axes = None
             else:
-                array = constant_array(axes_value)
+                array = constant_integers(axes_value)
                 if array is None:
                     return Miss(f"{op} axes are not a constant", node)
                 axes = [int(a) for a in array.reshape(-1)]
@@ -738,16 +759,16 @@ def _mean_square(term: MeanSquare | Shifted) -> MeanSquare:
     return term.ms if isinstance(term, Shifted) else term
 
 
-def _kept(read: Product, ms: MeanSquare) -> Product:
-    """``read`` with ``ms`` (dropped) replaced by the same mean with its axes kept."""
-    kept = dataclasses.replace(ms, dropped=False)
+def _with_ms(read: Product, ms: MeanSquare, *, dropped: bool) -> Product:
+    """``read`` with ``ms`` replaced by the same mean with its axes dropped or kept."""
+    new = dataclasses.replace(ms, dropped=dropped)
     out = read.copy()
     out.powers.clear()
     for term, e in read.terms():
         if isinstance(term, Shifted):
-            term = dataclasses.replace(term, ms=kept)
+            term = dataclasses.replace(term, ms=new)
         elif term is ms:
-            term = kept
+            term = new
         out.powers[term_key(term)] = (term, e)
     return out
 

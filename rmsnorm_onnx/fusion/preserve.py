@@ -118,6 +118,16 @@ def unknown_negative_dims(model: ir.Model) -> None:
             value.shape = negatives_unknown(value.shape)
 
 
+def initializer_shapes(model: ir.Model) -> None:
+    """An initializer's shape is its tensor's dims, whatever a value_info says of it (jax2onnx
+    declares a Loop body's constants [?, ?, ?]); not an input's default, which a feed replaces.
+    (restore writes the declarations back as they were.)"""
+    for graph in _graphs(model):
+        for value in graph.initializers.values():
+            if value.const_value is not None and not value.is_graph_input():
+                value.shape = ir.Shape(value.const_value.shape)
+
+
 def _with_negative_dims(shape: ir.Shape | None, declared: ir.Shape | None) -> ir.Shape | None:
     if shape is None or declared is None or len(shape) != len(declared):
         return shape

@@ -82,7 +82,8 @@ def canonicalize(
     report.skipped += diagnose.left_alone(model, left, source_rules[::-1], "")
     report.skipped += diagnose.residual_skips(model, residual[::-1])
     report.notes += decomposed_notes
-    report.notes += diagnose.partial_notes(model, absorb)
+    # (a scale Mul the raise left outside is seen again by the absorb rules: said once)
+    report.notes += [n for n in diagnose.partial_notes(model, absorb) if n not in report.notes]
     for node in _canonical(model):
         label = node.metadata_props.pop(PATTERN_TAG, None)
         if label is None:  # a norm op as the file had it

@@ -51,7 +51,7 @@ from .values import (
 # the ops a norm is made of, and Q/DQ (walked through to say that they round the chain)
 WALK_OPS = frozenset(
     {"Mul", "Div", "Reciprocal", "Sqrt", "Pow", "Add", "Cast", "CastLike", "Identity",
-     "QuantizeLinear", "DequantizeLinear", "Unsqueeze", "Reshape", "Expand",
+     "QuantizeLinear", "DequantizeLinear", "Unsqueeze", "Squeeze", "Reshape", "Expand",
      "Max", "Min", "Clip"}  # never part of a norm: walked for the reason they give
 )  # fmt: skip
 _DEPTH = 12  # ops from the statistic to the norm's output: Add, Sqrt, Reciprocal, Mul, Cast, Mul...

@@ -50,6 +50,32 @@ def constant_array(value: ir.Value | None, *, max_size: int = _MAX_READ) -> np.n
         ) from None
 
 
+_INTEGER_TYPES = frozenset(
+    {ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64,
+     ir.DataType.UINT8, ir.DataType.UINT16, ir.DataType.UINT32, ir.DataType.UINT64}
+)  # fmt: skip
+
+
+def constant_integers(value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
+    """The flat values of a small integer constant, also where the graph computes it from one
+    by Identity, an integer Cast, Reshape, Squeeze or Unsqueeze (none changes the values or
+    their order): tf2onnx without its optimizers feeds axes as Reshape(Cast(int32 [-1]))."""
+    array = constant_array(value, max_size=64)
+    if array is not None:
+        return array.reshape(-1) if np.issubdtype(array.dtype, np.integer) else None
+    node = None if value is None or depth > 4 else value.producer()
+    if node is None or node.domain not in DEFAULT_DOMAINS or not node.inputs:
+        return None
+    if node.op_type not in ("Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze"):
+        return None
+    if node.op_type == "Cast" and node.attributes.get_int("to", 0) not in _INTEGER_TYPES:
+        return None
+    source = constant_integers(node.inputs[0], depth + 1)
+    if source is None or node.op_type != "Cast":
+        return source
+    return source.astype(ir.DataType(node.attributes.get_int("to")).numpy())
+
+
 def constant_source(value: ir.Value | None) -> ir.Value | None:
     """The constant behind ``value``: itself, or the constant a Reshape, Unsqueeze or Squeeze
     with constant operands gives a shape (jax2onnx writes a scale as Reshape(w[H], [1, 1, H]))
