@@ -175,3 +175,60 @@ def test_standard_target_keeps_a_quantized_model_at_an_opset_onnxruntime_loads(
     written = onnx.load(out, load_external_data=False)
     assert all(o.version < 21 for o in written.opset_import if o.domain in ("", "ai.onnx"))
     assert_runs_like(out, quantized, _ids(seed=7), where)  # a plain onnxruntime session
+
+
+@pytest.mark.parametrize("target", ["custom", "contrib", "standard"])
+def test_a_norm_of_a_4bit_quantized_embedding_gets_the_hidden_size(tmp_path, target, fused_library):
+    """MatMulNBitsQuantizer / Olive's RTN quantization with Gather write the embedding as a
+    4-bit GatherBlockQuantized, whose rows onnxruntime's symbolic inference makes as wide as
+    the packed bytes (H/2): the norm after it must get the hidden size H (a scale of H/2 ones
+    was written, and onnxruntime refused the file)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from rmsnorm_onnx.runtime import session
+
+    vocab, hidden = 100, 64
+    rng = np.random.default_rng(0)
+    consts = {
+        "q4": rng.integers(0, 256, (vocab, hidden // 2), dtype=np.uint8),  # two per byte
+        "scales": (0.01 + 0.01 * rng.random((vocab, hidden // 32))).astype(np.float32),
+        "two": np.array(2.0, np.float32),
+        "axes": np.array([-1], np.int64),
+        "eps": np.array(1e-6, np.float32),
+        "w": (1 + 0.5 * rng.standard_normal(hidden)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node(
+            "GatherBlockQuantized",
+            ["q4", "ids", "scales"],
+            ["x"],
+            domain="com.microsoft",
+            gather_axis=0,
+            quantize_axis=1,
+            block_size=32,
+            bits=4,
+        ),
+        helper.make_node("Pow", ["x", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+        helper.make_node("Add", ["ms", "eps"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["r"]),
+        helper.make_node("Div", ["x", "r"], ["n"]),
+        helper.make_node("Mul", ["w", "n"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 9
+    src, out = tmp_path / "m.onnx", tmp_path / "fused.onnx"
+    onnx.save(model, src)
+    report = fuse_file(src, out, target=target)
+    assert report.fused_count == 1 and not report.notes, report.summary(verbose=True)
+    fused = onnx.load(out)
+    assert [n.op_type for n in fused.graph.node if n.op_type != "Constant"][-1] != "Mul"
+    feeds = {"ids": rng.integers(0, vocab, (2, 8)).astype(np.int64)}
+    want = session(model).run(None, feeds)[0]
+    np.testing.assert_allclose(session(fused).run(None, feeds)[0], want, rtol=1e-5, atol=1e-6)

@@ -228,6 +228,28 @@ def fill(model: ir.Model, inferred: Inferred) -> int:
     return count
 
 
+def _unpacked(node: ir.Node, shape: ir.Shape) -> ir.Shape | None:
+    """A GatherBlockQuantized's output shape where onnxruntime's symbolic inference (1.31)
+    gives 4-bit data packed two to a byte the packed width (half the hidden size): that dim
+    doubled; None where it cannot be told."""
+    data = node.inputs[0] if node.inputs else None
+    if data is None or data.dtype != ir.DataType.UINT8 or node.attributes.get_int("bits", 4) != 4:
+        return shape  # 8-bit, or int4/uint4 elements: as inferred
+    if data.shape is None or node.attributes.get_int("gather_axis", 0) != 0:
+        return None  # where the packed dim lands is not followed here
+    axis = node.attributes.get_int("quantize_axis", 1) % len(data.shape)
+    at = len(shape) - (len(data.shape) - axis)  # the same dim of the output (rows gathered)
+    dims = list(shape)
+    if not 0 <= at < len(dims) or not isinstance(dims[at], int):
+        return None
+    dims[at] *= 2
+    return ir.Shape(dims)
+
+
+# ops whose shapes onnxruntime's symbolic inference gets wrong, and how to right them
+_WRONG_SHAPES = {(MS_DOMAIN, "GatherBlockQuantized"): _unpacked}
+
+
 def _set(value: ir.Value, info: onnx.TypeProto, dims: bool) -> int:
     """Set value's missing type and shape from ``info`` (``dims`` False: its rank only, every
     dim unknown); returns how many were set. Shapes only out of ops ORT has handlers for."""
@@ -240,7 +262,12 @@ def _set(value: ir.Value, info: onnx.TypeProto, dims: bool) -> int:
     known_op = producer is not None and producer.domain in _HANDLED_DOMAINS
     if value.shape is None and known_op and tensor.HasField("shape"):
         if dims:
-            value.shape = negatives_unknown(ir.serde.deserialize_type_proto_for_shape(info))
+            shape = negatives_unknown(ir.serde.deserialize_type_proto_for_shape(info))
+            righted = _WRONG_SHAPES.get((producer.domain, producer.op_type))
+            shape = shape if righted is None else righted(producer, shape)
+            if shape is None:
+                return count
+            value.shape = shape
         else:
             value.shape = ir.Shape([None] * len(tensor.shape.dim))
         count += 1
