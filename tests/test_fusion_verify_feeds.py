@@ -218,3 +218,21 @@ def test_a_mismatch_says_why_norms_taken_in_float16_can_drift(elem) -> None:
         _compare(original, _FakeSession(want), _FakeSession(want + 0.5), {})
     said = "the fused op computes them in float32" in str(error.value)
     assert said == (elem == TensorProto.FLOAT16)
+
+
+@pytest.mark.parametrize("quantizes", [True, False], ids=["dynamic-quantize", "float"])
+def test_a_mismatch_in_a_model_quantizing_activations_says_why(quantizes: bool) -> None:
+    """quantize_dynamic's DynamicQuantizeLinear after a norm turns a last-bit difference of the
+    fused op into a quantization step (a per-channel Qwen3 to contrib differed by 0.003)."""
+    from rmsnorm_onnx.fusion.verify import _compare
+
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    if quantizes:
+        nodes.append(helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]))
+    info = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    original = helper.make_model(helper.make_graph(nodes, "g", info, outs))
+    want = np.ones(4, np.float32)
+    with pytest.raises(RMSNormOnnxError, match="differs from the original") as error:
+        _compare(original, _FakeSession(want), _FakeSession(want + 0.5), {})
+    assert ("quantizes activations as it runs" in str(error.value)) == quantizes
