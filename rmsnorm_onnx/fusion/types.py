@@ -100,11 +100,12 @@ class Inferred:
         )  # fmt: skip
 
 
-# Ops onnxruntime's own optimizer writes that onnx has no schema for: (domain, op type) ->
-# (the input whose element type the outputs take, the input whose shape they have or None, which
-# outputs). SimplifiedLayerNormalization's Y takes the scale's type; shapes of the matmuls come
-# from _matmul_shape.
-_FOREIGN_OUTPUTS: dict[tuple[str, str], tuple[int, int | None, tuple[int, ...]]] = {
+# Ops onnxruntime's own optimizer and quantizers write that onnx has no schema for: (domain,
+# op type) -> (the input whose element type the outputs take, the input whose shape they have or
+# a function of the inference context that computes it, which outputs). SimplifiedLayerNorm's Y
+# takes the scale's type; the matmuls' shapes come from _matmul_shape, a 4-bit embedding's from
+# _gathered_shape.
+_FOREIGN_OUTPUTS: dict[tuple[str, str], tuple[int, Any, tuple[int, ...]]] = {
     ("", "SimplifiedLayerNormalization"): (1, 0, (0,)),
     (MS_DOMAIN, "SkipSimplifiedLayerNormalization"): (0, 0, (0, 3)),
     (MS_DOMAIN, "SkipLayerNormalization"): (0, 0, (0, 3)),
@@ -112,8 +113,9 @@ _FOREIGN_OUTPUTS: dict[tuple[str, str], tuple[int, int | None, tuple[int, ...]]]
     (MS_DOMAIN, "Gelu"): (0, 0, (0,)),
     (MS_DOMAIN, "BiasGelu"): (0, 0, (0,)),
     (MS_DOMAIN, "FastGelu"): (0, 0, (0,)),
-    (MS_DOMAIN, "FusedMatMul"): (0, None, (0,)),
-    (MS_DOMAIN, "MatMulNBits"): (0, None, (0,)),
+    (MS_DOMAIN, "FusedMatMul"): (0, "matmul", (0,)),
+    (MS_DOMAIN, "MatMulNBits"): (0, "matmul", (0,)),
+    (MS_DOMAIN, "GatherBlockQuantized"): (2, "gathered", (0,)),
 }
 _ANY_TENSOR = [f"tensor({t})" for t in (
     "float", "float16", "bfloat16", "double", "int8", "uint8", "int16", "uint16", "int32",
@@ -151,7 +153,7 @@ def foreign_schemas() -> Iterator[None]:
             defs.deregister_schema(op_type, 1, domain)
 
 
-def _infer(rule: tuple[int, int | None, tuple[int, ...]], ctx: Any) -> None:
+def _infer(rule: tuple[int, Any, tuple[int, ...]], ctx: Any) -> None:
     type_from, shape_from, outputs = rule
     if type_from >= ctx.get_num_inputs() or not ctx.has_input(type_from):
         return
@@ -161,8 +163,8 @@ def _infer(rule: tuple[int, int | None, tuple[int, ...]], ctx: Any) -> None:
     out = onnx.TypeProto()
     out.tensor_type.elem_type = source.tensor_type.elem_type
     shape = None
-    if shape_from is None:
-        shape = _matmul_shape(ctx)
+    if isinstance(shape_from, str):
+        shape = {"matmul": _matmul_shape, "gathered": _gathered_shape}[shape_from](ctx)
     elif ctx.has_input(shape_from):
         shaped = ctx.get_input_type(shape_from)
         if shaped is not None and shaped.tensor_type.HasField("shape"):
@@ -172,6 +174,30 @@ def _infer(rule: tuple[int, int | None, tuple[int, ...]], ctx: Any) -> None:
     for index in outputs:
         if index < ctx.get_num_outputs() and ctx.has_output(index):
             ctx.set_output_type(index, out)
+
+
+def _attribute(ctx: Any, name: str, default: int) -> int:
+    found = ctx.get_attribute(name)
+    return default if found is None else int(onnx.helper.get_attribute_value(found))
+
+
+def _gathered_shape(ctx: Any) -> onnx.TensorShapeProto | None:
+    """GatherBlockQuantized's rows (gather_axis 0): the indices' dims, then the data's others,
+    4-bit data packed two to a uint8 counted unpacked (the hidden size, not the bytes)."""
+    data, ids = ctx.get_input_type(0), ctx.get_input_type(1)
+    if any(t is None or not t.tensor_type.HasField("shape") for t in (data, ids)):
+        return None
+    if _attribute(ctx, "gather_axis", 0) != 0 or not data.tensor_type.shape.dim:
+        return None
+    dims = list(data.tensor_type.shape.dim)
+    q = _attribute(ctx, "quantize_axis", 1) % len(dims)
+    if data.tensor_type.elem_type == onnx.TensorProto.UINT8 and _attribute(ctx, "bits", 4) == 4:
+        if not dims[q].HasField("dim_value"):
+            return None
+        dims[q] = onnx.TensorShapeProto.Dimension(dim_value=dims[q].dim_value * 2)
+    shape = onnx.TensorShapeProto()
+    shape.dim.extend([*ids.tensor_type.shape.dim, *dims[1:]])
+    return shape
 
 
 def _matmul_shape(ctx: Any) -> onnx.TensorShapeProto | None:
@@ -228,26 +254,10 @@ def fill(model: ir.Model, inferred: Inferred) -> int:
     return count
 
 
-def _unpacked(node: ir.Node, shape: ir.Shape) -> ir.Shape | None:
-    """A GatherBlockQuantized's output shape where onnxruntime's symbolic inference (1.31)
-    gives 4-bit data packed two to a byte the packed width (half the hidden size): that dim
-    doubled; None where it cannot be told."""
-    data = node.inputs[0] if node.inputs else None
-    if data is None or data.dtype != ir.DataType.UINT8 or node.attributes.get_int("bits", 4) != 4:
-        return shape  # 8-bit, or int4/uint4 elements: as inferred
-    if data.shape is None or node.attributes.get_int("gather_axis", 0) != 0:
-        return None  # where the packed dim lands is not followed here
-    axis = node.attributes.get_int("quantize_axis", 1) % len(data.shape)
-    at = len(shape) - (len(data.shape) - axis)  # the same dim of the output (rows gathered)
-    dims = list(shape)
-    if not 0 <= at < len(dims) or not isinstance(dims[at], int):
-        return None
-    dims[at] *= 2
-    return ir.Shape(dims)
-
-
-# ops whose shapes onnxruntime's symbolic inference gets wrong, and how to right them
-_WRONG_SHAPES = {(MS_DOMAIN, "GatherBlockQuantized"): _unpacked}
+# ops whose dims onnxruntime's symbolic inference (1.31) gets wrong: only their rank is taken
+# (a 4-bit GatherBlockQuantized's rows come out as wide as its packed bytes, half the hidden
+# size; onnx's inference, with _gathered_shape, gets them right)
+_WRONG_DIMS = frozenset({(MS_DOMAIN, "GatherBlockQuantized")})
 
 
 def _set(value: ir.Value, info: onnx.TypeProto, dims: bool) -> int:
@@ -261,13 +271,8 @@ def _set(value: ir.Value, info: onnx.TypeProto, dims: bool) -> int:
     producer = value.producer()
     known_op = producer is not None and producer.domain in _HANDLED_DOMAINS
     if value.shape is None and known_op and tensor.HasField("shape"):
-        if dims:
-            shape = negatives_unknown(ir.serde.deserialize_type_proto_for_shape(info))
-            righted = _WRONG_SHAPES.get((producer.domain, producer.op_type))
-            shape = shape if righted is None else righted(producer, shape)
-            if shape is None:
-                return count
-            value.shape = shape
+        if dims and (producer.domain, producer.op_type) not in _WRONG_DIMS:
+            value.shape = negatives_unknown(ir.serde.deserialize_type_proto_for_shape(info))
         else:
             value.shape = ir.Shape([None] * len(tensor.shape.dim))
         count += 1
