@@ -32,7 +32,7 @@ import numpy as np
 
 from . import onnx_io, op_schema
 from .errors import InvalidModelError, RMSNormOnnxError, UsageError
-from .fusion import FuseReport, fuse_file, inline_weights
+from .fusion import FuseReport, Target, fuse_file, inline_weights
 from .fusion.external import external_files
 from .reference import tolerance
 from .runtime import LIBRARY_NAMES, library_path
@@ -297,7 +297,7 @@ def fuse_folder(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     *,
-    target: str = "custom",
+    target: str | Target = "custom",
     verify: bool = False,
     weights: str = "auto",
     function_bodies: bool = True,

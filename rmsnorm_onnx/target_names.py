@@ -25,6 +25,9 @@ TARGETS: dict[str, str] = {
 class Runtime:
     target: str
     why: str  # what was measured or checked: the help text says it
+    # why the runtime loads the target's op only with X and scale of one type ("" where it
+    # takes a half X with a float32 scale): X is then cast to the scale's type around the op
+    same_types: str = ""
 
 
 # runtime -> the form that loads everywhere there and runs fastest (measured with
@@ -44,6 +47,8 @@ RUNTIMES: dict[str, Runtime] = {
     "openvino": Runtime(
         "contrib",
         "OpenVINO turns every form into its one RMS node, and contrib loads without our extension",
+        same_types="OpenVINO converts SimplifiedLayerNormalization only with X and scale of one "
+        "type",
     ),
     "reference": Runtime(
         "decomposed",
@@ -55,8 +60,13 @@ RUNTIMES: dict[str, Runtime] = {
 
 def for_runtime(runtime: str) -> str:
     """The target to write for ``runtime`` (a key of :data:`RUNTIMES`)."""
+    return runtime_pick(runtime).target
+
+
+def runtime_pick(runtime: str) -> Runtime:
+    """What to write for ``runtime`` (a key of :data:`RUNTIMES`)."""
     try:
-        return RUNTIMES[runtime].target
+        return RUNTIMES[runtime]
     except KeyError:
         raise ValueError(
             f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}"

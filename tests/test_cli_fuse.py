@@ -230,6 +230,18 @@ def test_for_runtime_writes_that_runtimes_pick(tmp_path: Path, capsys, runtime: 
     assert onnx.load(tmp_path / "f.onnx") == onnx.load(tmp_path / "t.onnx")
 
 
+def test_for_openvino_writes_its_pick_not_the_plain_contrib_target(tmp_path: Path) -> None:
+    """The CLI passed the pick's target name on, so an fp16 model with a float32 weight got
+    contrib's SimplifiedLayerNormalization(X f16, scale f32), which OpenVINO does not convert."""
+    src = tmp_path / "model.onnx"
+    model = build(Variant(dtype=np.float16, cast="after-scale"))
+    onnx_io.save_model(model, src)
+    assert main(["fuse", str(src), str(tmp_path / "f.onnx"), "--for", "openvino", "-q"]) == 0
+    want, _ = fuse(model, for_runtime="openvino")
+    assert onnx.load(tmp_path / "f.onnx").graph == want.graph
+    assert want.graph.node[0].op_type == "Cast"  # X to the scale's float32
+
+
 def test_for_and_target_together_are_a_usage_error(tmp_path: Path, capsys) -> None:
     src = tmp_path / "model.onnx"
     onnx_io.save_model(build(Variant()), src)

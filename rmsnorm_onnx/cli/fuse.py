@@ -39,7 +39,10 @@ def _runtimes_epilog() -> str:
     width = max(len(name) for name in target_names.RUNTIMES) + 2
     lines = ["--for RUNTIME writes the form measured best there (function bodies stay on):"]
     for name, pick in target_names.RUNTIMES.items():
-        text = textwrap.wrap(f"{pick.target}: {pick.why}", 96 - width)
+        cast = f"; X cast to the scale's type around the op: {pick.same_types}"
+        text = textwrap.wrap(
+            f"{pick.target}: {pick.why}{cast if pick.same_types else ''}", 96 - width
+        )
         lines += [f"  {name:<{width}}{text[0]}", *(" " * (width + 2) + t for t in text[1:])]
     return "\n".join(lines) + "\n"
 
@@ -125,11 +128,11 @@ def _output(args: argparse.Namespace) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..fusion import fuse_file
+    from ..fusion import fuse_file, targets
 
     out = _output(args)
-    if args.for_runtime is not None:
-        target = target_names.for_runtime(args.for_runtime)
+    if args.for_runtime is not None:  # a target object: a runtime's pick can adjust its form
+        target: str | targets.Target = targets.get(for_runtime=args.for_runtime)
     else:
         target = args.target or target_names.DEFAULT
     if Path(args.input).is_dir():  # an onnxruntime-genai model folder

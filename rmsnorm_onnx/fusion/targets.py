@@ -50,6 +50,9 @@ class Target:
     op_type: str | None  # the norm op it writes (our RMSNorm for custom); None: plain ops
     eps_outside: bool  # its form adds epsilon to the root (else such norms become plain ops)
     mixed_types: bool = True  # its op accepts a half X with a float32 scale
+    # why X is cast to the scale's type around the op, said once in the report ("" where the
+    # form's own contract asks for it or mixed_types): a runtime's pick (target_names.RUNTIMES)
+    same_types: str = ""
     # the default-domain opset its op needs: the model is raised to it where every op keeps its
     # meaning there (model-level preparation), else those norms become plain ops
     opset: int | None = None
@@ -124,6 +127,8 @@ def _skip_op(b: Builder, n: Norm) -> tuple[list[ir.Value], str]:
 
 def _norm_op(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
     """The target's norm op; a skip norm as Add + the op."""
+    if t.same_types and any(p is not None and p.dtype != n.dtype for p in (n.scale, n.bias)):
+        notes[f"X cast to the scale's type around {t.op_type} (exact): {t.same_types}"] += 1
     if n.skip is None:
         return [typed_norm(b, n, n.x, t.op_type, mixed_types=t.mixed_types)], label(n, t.op_type)
     s = residual(b, n)
@@ -176,7 +181,12 @@ def get(target: str | Target | None = None, *, for_runtime: str | None = None) -
     if for_runtime is not None:
         if target is not None:
             raise ValueError("give a target or a runtime, not both")
-        target = target_names.for_runtime(for_runtime)
+        pick = target_names.runtime_pick(for_runtime)
+        if not pick.same_types:
+            return TARGETS[pick.target]
+        return dataclasses.replace(
+            TARGETS[pick.target], mixed_types=False, same_types=pick.same_types
+        )
     if isinstance(target, Target):
         return target
     name = target_names.DEFAULT if target is None else target
