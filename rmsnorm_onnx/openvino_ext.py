@@ -9,7 +9,10 @@ without them it stops at "No conversion rule found for operations: rmsnorm_onnx.
 Each node becomes OpenVINO ops computing the op contract (DESIGN §2): half and bfloat16 in
 float32, scale and bias applied before the one rounding back to X's type. The norm is written as
 ``x * (1 / sqrt(mean(x^2) + eps)) * scale``, the spelling OpenVINO's own RMS fusion matches, so
-its RMS kernel can take the node where it fuses (one trailing axis, a constant scale).
+its RMS kernel can take the node where it fuses (one trailing axis, a constant scale). At the
+two edges where a float32 chain differs from our kernels it computes what they do: rows whose
+float32 sum of squares would overflow are scaled by a power of two first, and rows of length 0
+give an empty Y (docs/numerics.md).
 
 This module imports openvino; the package imports it only when ``openvino_extension`` is asked for.
 """
@@ -153,11 +156,35 @@ def _axes(n: _Node, x: Output) -> Output:
     ).output(0)
 
 
+def _rows_in_range(xf: Output, axes: Output) -> Output:
+    """xf with every row whose float32 sum of squares could overflow scaled down by a power of
+    two (our kernels recompute such rows in float64; float32 squares would give a row of
+    zeros). Other rows are multiplied by exactly 1, and the norm's spelling is kept for
+    OpenVINO's RMS fusion.
+
+    The test is the row's sum of |x| (one reduction, no |x| tensor): sum(x²) <= sum(|x|)², so
+    rows with sum |x| <= 2^60 are safe, and larger ones are brought to [2^60, 2^61). A sum that
+    overflows (elements beyond 2^128 / N, or an Inf) scales the row by 2^-76, below 2^52 per
+    element: an Inf or NaN stays what it is, and the row's output is the definition's. The
+    epsilon is not scaled with the row: a scaled row's mean square is at least 2^104 / N³, so
+    ε's share of it is below float32's rounding for any ε < 2^19 at N = 2^20."""
+    l1 = ops.reduce_l1(xf, axes, keep_dims=True)
+    log2 = ops.floor(ops.divide(ops.log(l1), _f32(math.log(2.0))))
+    to_range = ops.power(_f32(2.0), ops.minimum(ops.subtract(_f32(60.0), log2), _f32(0.0)))
+    finite = ops.less_equal(l1, _f32(float(np.finfo(np.float32).max)))
+    factor = ops.select(finite, to_range, _f32(2.0**-76))
+    factor = ops.select(ops.greater(l1, _f32(2.0**60)), factor, _f32(1.0))
+    return ops.multiply(xf, factor).output(0)
+
+
 def _norm(n: _Node, x: Output) -> Output:
     """RMSNorm of x (X's type) as the contract computes it; float32 inside for half types."""
     widen = n.dtype != _F32  # half, bfloat16, or a type only known at run time
     xf = ops.convert(x, _F32).output(0) if widen else x
-    ms = ops.reduce_mean(ops.power(xf, _f32(2.0)), _axes(n, x), keep_dims=True)
+    axes = _axes(n, x)
+    if n.dtype != ov.Type.f16:  # a float16 row's squares cannot overflow float32
+        xf = _rows_in_range(xf, axes)
+    ms = ops.reduce_mean(ops.power(xf, _f32(2.0)), axes, keep_dims=True)
     eps = _f32(n.epsilon)
     root = ops.add(ops.sqrt(ms), eps) if n.eps_outside else ops.sqrt(ops.add(ms, eps))
     y = ops.multiply(xf, ops.divide(_f32(1.0), root)).output(0)
@@ -174,9 +201,25 @@ def _norm(n: _Node, x: Output) -> Output:
     return ops.convert_like(y, x).output(0)
 
 
+def _no_columns(n: _Node) -> bool:
+    """The normalized dims are known to hold a 0: rows of length 0 (OpenVINO's RMS kernel fails
+    an internal check on them; our kernels write the empty Y)."""
+    rank = n.rank
+    if rank is None:
+        return False
+    dims = list(n.x.get_partial_shape())[n.axis % rank :]
+    return any(d.is_static and d.get_length() == 0 for d in dims)
+
+
+def _empty_rows(n: _Node, x: Output) -> Output:
+    """Y of rows of length 0: X's type and shape, no element (a copy, not x itself: the node's
+    outputs must be values of their own)."""
+    return ops.convert_like(x, x).output(0)
+
+
 def _convert_norm(ctx: NodeContext) -> list[Output]:
     n = _Node(ctx, op_schema.OP_TYPE)
-    return [_norm(n, n.x)]
+    return [_empty_rows(n, n.x) if _no_columns(n) else _norm(n, n.x)]
 
 
 def _convert_skip_norm(ctx: NodeContext) -> list[Output]:
@@ -184,4 +227,4 @@ def _convert_skip_norm(ctx: NodeContext) -> list[Output]:
     binds only the outputs the node names (a node without S simply leaves it unread)."""
     n = _Node(ctx, op_schema.SKIP_OP_TYPE)
     s = ops.add(n.x, n.skip).output(0)
-    return [_norm(n, s), s]
+    return [_empty_rows(n, s) if _no_columns(n) else _norm(n, s), s]

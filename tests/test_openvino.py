@@ -203,6 +203,90 @@ def test_extension_refuses_what_the_contract_refuses(cores, name: str) -> None:
         cores[True].read_model(model.SerializeToString(), b"")
 
 
+# --- the edges where a float32 chain of ops differs from our kernels (docs/numerics.md) -------
+
+# rows whose float32 sum of squares overflows (our kernels recompute them; float32 squares give
+# zeros), with rows beside them that must not change: an Inf, a NaN, ordinary, tiny, all-zero
+EDGE_ROWS = [
+    [1e20, -2e20, 3e20, 4e20],  # the kernels' [0.365, -0.730, 1.095, 1.461]
+    [3e38, -3e38, 1e38, 2e38],  # even the row's sum of |x| overflows
+    [1e30, 0.0, 0.0, 1e-30],
+    [1e15, 2e15, 3e15, 4e15],
+    [3e38, np.inf, 1.0, 2.0],
+    [np.nan, 1e30, 1.0, 2.0],
+    [1e-20, 2e-20, -3e-20, 4e-20],
+    [0.0, 0.0, 0.0, 0.0],
+    [1.0, 2.0, 3.0, 4.0],
+]
+
+
+@pytest.mark.parametrize("eps_outside", [0, 1], ids=["eps_inside", "eps_outside"])
+@pytest.mark.parametrize("op", ["norm", "skip_sum"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rows_whose_float32_sum_of_squares_overflows_match_the_kernels(
+    cores, dtype: str, op: str, eps_outside: int
+) -> None:
+    """A float32 chain squares 1e20 to Inf and writes a row of zeros; our kernels, and now the
+    extension, normalize the row (scaled by a power of two first)."""
+    x = quantize(np.array(EDGE_ROWS), dtype)
+    scale = quantize(np.linspace(0.5, 2.0, 4), dtype)
+    attrs = {"epsilon": 1e-6, "eps_outside": eps_outside}
+    kwargs = {"x_shape": list(x.shape), "scale_shape": [4], "constants": {"scale": scale}}
+    if op == "norm":
+        model = make_model(dtype, scale_dtype=dtype, **kwargs, **attrs)
+        inputs, want = feeds(x), reference.rms_norm(x, scale, **attrs)
+    else:
+        skip = np.zeros_like(x)
+        model = make_model(
+            dtype, scale_dtype=dtype, skip_dtype=dtype, skip_shape=list(x.shape), with_sum=True,
+            **kwargs, **attrs,
+        )  # fmt: skip
+        inputs, (want, _) = feeds(x, skip=skip), reference.skip_rms_norm(x, skip, scale, **attrs)
+    got = run(compile_model(cores[True], model), inputs)[0].astype(np.float64)
+    rtol, atol = reference.tolerance(dtype)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    # 1e20 · [1, -2, 3, 4] normalizes as [1, 2, 3, 4] does (DESIGN's golden example), signed
+    golden = np.array([0.3651, -0.7303, 1.0954, 1.4606]) * scale.astype(np.float64)
+    np.testing.assert_allclose(got[0], golden, rtol=1e-3 if dtype == "float32" else 1e-2)
+
+
+def test_ordinary_rows_still_run_in_openvinos_rms_kernel_with_the_overflow_guard(cores, rng):
+    """The rescaling multiplies ordinary rows by exactly 1 and keeps the spelling OpenVINO's RMS
+    fusion matches: same bits as the plain chain on ordinary rows."""
+    model, inputs, _, _ = case("float32", "scale", "norm", -1, True, rng)
+    compiled = compile_model(cores[True], model)
+    assert "RMS" in layer_types(compiled)
+    decomposed, _ = fuse(model, target="decomposed")
+    (want,) = run(compile_model(cores[False], decomposed), inputs)
+    np.testing.assert_array_equal(run(compiled, inputs)[0], want)
+
+
+# X's shape, axis: rows of length 0 (X [3, 0] normalized over the last axis, or over [0, 5])
+ZERO_COLUMNS = {"last_axis": ([3, 0], -1), "two_axes": ([2, 0, 5], 1)}
+
+
+@pytest.mark.parametrize("with_scale", [True, False], ids=["scale", "no_scale"])
+@pytest.mark.parametrize("op", ["norm", "skip_sum"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", list(ZERO_COLUMNS))
+def test_rows_of_length_zero_give_an_empty_y(cores, shape, dtype, op, with_scale) -> None:
+    """Our kernels write the empty Y; OpenVINO's RMS kernel failed an internal check
+    ('m_jcp.data_size != 0') at compile time."""
+    x_shape, axis = ZERO_COLUMNS[shape]
+    x = np.zeros(x_shape, np_dtype(dtype))
+    p_shape = x_shape[axis % len(x_shape) :]
+    scale = np.zeros(p_shape, np_dtype(dtype)) if with_scale else None
+    kwargs = {"x_shape": x_shape, "axis": axis, "with_sum": op == "skip_sum"}
+    if with_scale:
+        kwargs |= {"scale_dtype": dtype, "scale_shape": p_shape, "constants": {"scale": scale}}
+    if op == "skip_sum":
+        kwargs |= {"skip_dtype": dtype, "skip_shape": x_shape}
+    model = make_model(dtype, **kwargs)
+    got = run(compile_model(cores[True], model), feeds(x, skip=x if op == "skip_sum" else None))
+    assert [(g.shape, g.dtype) for g in got] == [(tuple(x_shape), x.dtype)] * len(got)
+    assert len(got) == (2 if op == "skip_sum" else 1)
+
+
 # --- a fused Hugging Face export --------------------------------------------------------------
 
 
