@@ -3,15 +3,21 @@
 Layers are found by duck typing (nothing is imported from transformers): ``torch.nn.RMSNorm``,
 and any module whose class name says RMSNorm (LlamaRMSNorm, Qwen2/3RMSNorm, MistralRMSNorm,
 Phi3RMSNorm, GemmaRMSNorm, Gemma2/3RMSNorm, ...) or ``T5LayerNorm``, holding a ``weight`` and an
-epsilon (``variance_epsilon``, ``eps`` or ``epsilon``). Which arithmetic a layer does is not
-guessed from its name alone: each candidate variant (LLaMA's ``w * cast(x_f32 * rsqrt(...))``,
-Gemma's ``cast(x_f32 * rsqrt(...) * (1 + w))``, OLMo's ``cast(x_f32 * rsqrt(...) * w)``) is run
-beside the original on a probe input, with random weights put in for the probe (a fresh model's
-ones or zeros cannot tell ``RMSNorm(x) * (1 + w)`` from ``RMSNorm(x * (1 + w))``), and the first
-that matches bit for bit is taken (else the first within the dtype's tolerance; else the layer
-is left alone and the report says why). A layer whose forward takes more than the input (a
-gate) is left alone. The new layers share the original ``Parameter`` objects, so training and
-``state_dict`` keys are unchanged.
+epsilon (``variance_epsilon``, ``eps`` or ``epsilon``), and a ``bias`` if it has one. Which
+arithmetic a layer does is not guessed from its name: every variant our module has (the scale
+families LLaMA's ``w * cast(x_f32 * rsqrt(...))``, Gemma's ``cast(x_f32 * rsqrt(...) * (1 + w))``
+and OLMo's ``cast(x_f32 * rsqrt(...) * w)``; epsilon inside the root or outside it, the RMSNorm
+paper's ``x / (rms(x) + eps)``; statistics in float32 or in the input's own type) is run beside
+the original on probe rows where the variants part ways: ordinary ones (rms 3), small ones (rms
+1e-2 and 1e-3), epsilon-sized ones (rms √ε/3, √ε, 3√ε: there a mean clamped at ε, or ε outside
+the root, differs from LLaMA's by up to 40 %) and large ones (x² beyond float16's range for half
+layers). Random weights (and bias) are put in for the probe: a fresh model's ones or zeros cannot
+tell ``RMSNorm(x) * (1 + w)`` from ``RMSNorm(x * (1 + w))``, nor a bias from none. The first
+variant that matches bit for bit on every row is taken, else the first within the dtype's
+tolerance on every row (relative to each row's largest output, so that small rows count); a
+layer no variant reproduces is left alone and the report says which rows the closest variant
+misses. A layer whose forward takes more than the input (a gate) is left alone. The new layers
+share the original ``Parameter`` objects, so training and ``state_dict`` keys are unchanged.
 
 T5 copies named ``...LayerNorm`` (SwitchTransformers, Pop2Piano, UDOP) are probed too; those
 that are true LayerNorms match no variant and are left alone without a word.
@@ -30,6 +36,7 @@ import contextlib
 import copy
 import inspect
 import logging
+import math
 import re
 import warnings
 from collections import Counter
@@ -55,6 +62,13 @@ _SIZE_ATTRS = ("hidden_size", "dim", "normalized_shape")
 _LLAMA = ("llama", {"weight_offset": 0.0, "cast_before_scale": True})
 _GEMMA = ("gemma", {"weight_offset": 1.0, "cast_before_scale": False})
 _OLMO = ("scale then cast", {"weight_offset": 0.0, "cast_before_scale": False})
+# (label modifier, RMSNorm keyword arguments): where epsilon goes, the type of the statistics
+_EPS_FORMS = (
+    ("", {"rsqrt": True}),
+    ("1/sqrt", {"rsqrt": False}),
+    ("eps outside the root", {"eps_outside": True}),
+)
+_COMPUTE = (("", {}), ("statistics in the input's type", {"compute_dtype": None}))
 
 
 @dataclass(frozen=True)
@@ -165,17 +179,16 @@ def _convert(m: nn.Module) -> tuple[RMSNorm | None, str, bool | str]:
         return None, "", f"its forward takes more than the input ({', '.join(extra)})"
     if weight is not None and not isinstance(weight, nn.Parameter):
         return None, "", "its weight is a buffer, not a Parameter: nothing to share"
+    bias = getattr(m, "bias", None)
+    if bias is not None and not isinstance(bias, nn.Parameter):
+        return None, "", "its bias is not a Parameter: nothing to share"
     if isinstance(m, nn.RMSNorm):
         candidates = [("torch.nn.RMSNorm", {"eps": m.eps, "rsqrt": True})]  # same bits
         shape: tuple[int, ...] = tuple(m.normalized_shape)
         affine = m.elementwise_affine
     else:
         eps = next(float(getattr(m, a)) for a in _EPS_ATTRS if hasattr(m, a))
-        gemma = "gemma" in type(m).__name__.lower()
-        families = [_GEMMA, _LLAMA, _OLMO] if gemma else [_LLAMA, _OLMO, _GEMMA]
-        if weight is None:
-            families = [("no weight", {})]
-        candidates = [(label, {"eps": eps, "rsqrt": True, **kw}) for label, kw in families]
+        candidates = _candidates(eps, weight is not None, "gemma" in type(m).__name__.lower())
         affine = weight is not None
         if weight is not None:
             shape = tuple(weight.shape)
@@ -187,42 +200,147 @@ def _convert(m: nn.Module) -> tuple[RMSNorm | None, str, bool | str]:
             if not sizes:
                 return None, "", "no weight and no size attribute to learn the normalized shape"
             shape = (sizes[0],)
-    if weight is not None and weight.is_meta:
+    if bias is not None and tuple(bias.shape) != shape:
+        return None, "", f"its bias {list(bias.shape)} is not of the normalized shape"
+    params = [p for p in (weight, bias) if p is not None]
+    if any(p.is_meta for p in params):
         return None, "", "its weight is on the meta device: cannot check the arithmetic"
     device = weight.device if weight is not None else None
     dtype = weight.dtype if weight is not None and weight.is_floating_point() else torch.float32
-    probe = _probe_input(shape, device, dtype)
     news = []
     for _, kwargs in candidates:
-        new = RMSNorm(shape, elementwise_affine=affine, device=device, dtype=dtype, **kwargs)
+        new = RMSNorm(
+            shape,
+            elementwise_affine=affine,
+            bias=bias is not None,
+            device=device,
+            dtype=dtype,
+            **kwargs,
+        )
         if weight is not None:
             new.weight = weight  # share the Parameter: same storage, same state_dict entry
+        if bias is not None:
+            new.bias = bias
         news.append(new)
+    probe = _Probe(shape, device, dtype, news[0].epsilon(dtype))
     try:
-        with _random_weight(weight):
-            expected = m(probe)
-            outs = [new(probe) for new in news]
+        with _random_params(params):
+            expected = m(probe.x)
+            outs = [new(probe.x) for new in news]
     except Exception as e:
         return None, "", f"forward(x) failed on a probe input ({type(e).__name__}: {e})"
-    best: tuple[RMSNorm, str] | None = None
-    worst_diff = float("inf")
+    return _pick(probe, candidates, news, outs, expected)
+
+
+def _candidates(eps: float, affine: bool, gemma: bool) -> list[tuple[str, dict]]:
+    """(label, RMSNorm keyword arguments) of every variant the module has, the common ones
+    first: the scale families, epsilon inside (rsqrt, 1/sqrt) or outside the root, statistics
+    in float32 or in the input's own type."""
+    families = [_GEMMA, _LLAMA, _OLMO] if gemma else [_LLAMA, _OLMO, _GEMMA]
+    if not affine:
+        families = [("no weight", {})]
+    return [
+        (
+            label + "".join(f", {m}" for m in (eps_form, compute) if m),
+            {"eps": eps, **kw, **eps_kw, **compute_kw},
+        )
+        for compute, compute_kw in _COMPUTE
+        for eps_form, eps_kw in _EPS_FORMS
+        for label, kw in families
+    ]
+
+
+def _pick(
+    probe: _Probe,
+    candidates: list[tuple[str, dict]],
+    news: list[RMSNorm],
+    outs: list[torch.Tensor],
+    expected: torch.Tensor,
+) -> tuple[RMSNorm | None, str, bool | str]:
+    """The first candidate equal to the layer bit for bit on every probe row, else the first
+    within the dtype's tolerance on every row; else (None, '', the closest miss)."""
+    rtol, atol = tolerance(str(probe.dtype).removeprefix("torch."))
+    close: tuple[RMSNorm, str] | None = None
+    closest = (math.inf, "", "", 0.0)  # (error, candidate, rows where it is off, relative)
     for (label, _), new, got in zip(candidates, news, outs, strict=True):
         if got.shape != expected.shape or got.dtype != expected.dtype:
             continue
-        if torch.equal(got, expected):
+        if torch.equal(got, expected) or _same_nans_and_equal(got, expected):
             return new, label, True
-        rtol, atol = tolerance(str(dtype).removeprefix("torch."))
-        diff = (got.double() - expected.double()).abs().max().item()
-        worst_diff = min(worst_diff, diff)
-        if best is None and torch.allclose(got.double(), expected.double(), rtol, atol):
-            best = (new, label)
-    if best is not None:
-        return best[0], best[1], False
+        errors = probe.row_errors(got, expected, rtol, atol)
+        worst = max(errors, key=lambda kind: errors[kind])
+        units, relative = errors[worst]
+        if units <= 1.0:
+            close = close or (new, label)
+        elif units < closest[0]:
+            closest = (units, label, worst, relative)
+    if close is not None:
+        return close[0], close[1], False
+    if not closest[1]:
+        return None, "", "its output matches no RMSNorm variant we know (another shape or type)"
+    _, label, rows, relative = closest
     return (
         None,
         "",
-        (f"its output matches no RMSNorm variant we know (closest max abs diff {worst_diff:.3g})"),
+        f"its output matches no RMSNorm variant we know (the closest, {label}, is off by "
+        f"{relative:.2g} of the row's largest output on rows of {rows})",
     )
+
+
+def _same_nans_and_equal(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    return bool(torch.equal(got.isnan(), expected.isnan())) and torch.equal(
+        got.nan_to_num(0.0), expected.nan_to_num(0.0)
+    )
+
+
+class _Probe:
+    """Rows on which the variants differ, of the layer's shape and type: ordinary (rms 3),
+    small (rms 1e-2, 1e-3) and epsilon-sized (rms √ε/3, √ε, 3√ε: where epsilon inside or
+    outside the root, or a mean clamped at ε, part ways), and large (x² beyond float16's range
+    for half layers). Each row is a batch entry of x [rows, *shape]."""
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        device: torch.device | None,
+        dtype: torch.dtype,
+        eps: float,
+    ) -> None:
+        self.dtype = dtype
+        root = math.sqrt(eps)
+        large = 300.0 if dtype == torch.float16 else 1e4
+        rms = {"rms 3": 3.0, "rms 1e-2": 1e-2, "rms 1e-3": 1e-3, f"rms {large:g}": large}
+        if root > 0:
+            rms |= {f"rms √ε/3 ({root / 3:.2g})": root / 3, f"rms √ε ({root:.2g})": root}
+            rms[f"rms 3√ε ({3 * root:.2g})"] = 3 * root
+        gen = torch.Generator(device=device or "cpu").manual_seed(1234)
+        rows = []
+        self.kinds: list[str] = []
+        for kind, target in rms.items():
+            for _ in range(3 if kind == "rms 3" else 2):
+                row = torch.randn(shape, generator=gen, device=device, dtype=torch.float64)
+                rows.append(row * (target / row.pow(2).mean().sqrt()))
+                self.kinds.append(kind)
+        self.x = torch.stack(rows).to(dtype)
+
+    def row_errors(
+        self, got: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float
+    ) -> dict[str, tuple[float, float]]:
+        """Per kind of row, (the largest |got - expected| in units of the allowed difference,
+        the same relative to the row's largest |expected|). The allowed difference is
+        rtol·|expected| + atol·that largest value: outputs of small rows are compared as closely
+        as those of ordinary ones; 1 unit is at the tolerance."""
+        g, e = got.double().flatten(1), expected.double().flatten(1)
+        size = e.abs().nan_to_num(0.0, posinf=0.0).amax(dim=1, keepdim=True).clamp_min(1e-30)
+        diff = (g - e).abs().nan_to_num(math.inf)
+        diff = torch.where(g.isnan() & e.isnan(), torch.zeros_like(diff), diff)
+        diff = torch.where(g == e, torch.zeros_like(diff), diff)  # equal infinities
+        units = (diff / (rtol * e.abs().nan_to_num(0.0) + atol * size)).amax(dim=1)
+        relative = (diff / size).amax(dim=1)
+        errors: dict[str, tuple[float, float]] = {}
+        for kind, u, r in zip(self.kinds, units.tolist(), relative.tolist(), strict=True):
+            errors[kind] = max(errors.get(kind, (0.0, 0.0)), (u, r))
+        return errors
 
 
 def _more_than_the_input(m: nn.Module) -> list[str]:
@@ -237,20 +355,21 @@ def _more_than_the_input(m: nn.Module) -> list[str]:
 
 
 @contextlib.contextmanager
-def _random_weight(weight: torch.Tensor | None) -> Iterator[None]:
-    """No autograd, and random values in ``weight`` (in place, restored after) for the probe."""
+def _random_params(params: list[torch.Tensor]) -> Iterator[None]:
+    """No autograd, and random values in the floating ``params`` (in place, restored after) for
+    the probe: a fresh model's ones or zeros cannot tell apart what a checkpoint's weights do."""
     with torch.no_grad():
-        saved = None
-        if weight is not None and weight.is_floating_point():
-            saved = weight.detach().clone()
-            gen = torch.Generator(device=weight.device).manual_seed(4321)
-            noise = torch.randn(weight.shape, generator=gen, device=weight.device)
-            weight.copy_((0.5 + 0.5 * noise.abs()).to(weight.dtype))
+        saved = []
+        for i, param in enumerate(p for p in params if p.is_floating_point()):
+            saved.append((param, param.detach().clone()))
+            gen = torch.Generator(device=param.device).manual_seed(4321 + i)
+            noise = torch.randn(param.shape, generator=gen, device=param.device)
+            param.copy_((0.5 + 0.5 * noise.abs()).to(param.dtype))
         try:
             yield
         finally:
-            if saved is not None:
-                weight.copy_(saved)
+            for param, value in saved:
+                param.copy_(value)
 
 
 def _type_note(old: nn.Module, new: RMSNorm) -> str:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from rmsnorm_onnx import RMSNorm, export, op_schema, patch
+from rmsnorm_onnx.reference import tolerance
 from rmsnorm_onnx.torch_patch import find_foreign_rmsnorms, patch_report
 
 transformers = pytest.importorskip("transformers")
@@ -363,3 +364,114 @@ def test_t5_copies_named_layernorm_are_swapped_true_layernorms_stay_unmentioned(
     assert [s.source for s in report.swapped] == ["SwitchLayerNorm"] and not report.skipped
     assert isinstance(model[0], RMSNorm) and isinstance(model[1], CentredLayerNorm)
     assert torch.equal(model(x), want)
+
+
+class PaperRMSNorm(nn.Module):
+    """The RMSNorm paper's form, x / (rms(x) + ε): epsilon outside the root."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
+        self.eps = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps)
+
+
+class ClampedRMSNorm(nn.Module):
+    """x / sqrt(max(mean(x²), ε)): the mean clamped at epsilon, a form our module does not have."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
+        self.eps = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ms = x.pow(2).mean(-1, keepdim=True).clamp_min(self.eps)
+        return self.weight * x * torch.rsqrt(ms)
+
+
+def rows_of_rms(rms: float, dim: int = 64) -> torch.Tensor:
+    x = torch.randn(4, dim, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    return (x * rms / x.pow(2).mean(-1, keepdim=True).sqrt()).float()
+
+
+@pytest.mark.parametrize("rms", [3.0, 1e-2, 1e-3, 1e-4], ids=lambda r: f"rms{r:g}")
+def test_lookalikes_that_agree_at_rms_3_keep_their_arithmetic(rms: float) -> None:
+    """Both agree with LLaMA's form on rows of rms 3 and were swapped for it "within
+    tolerance"; on rows of rms 1e-3 they differ from it by 27-67 %. The paper's form is
+    swapped for our eps_outside variant; the clamped one has no variant and is left alone."""
+    model = nn.Sequential(PaperRMSNorm(64), ClampedRMSNorm(64))
+    x = rows_of_rms(rms)
+    with torch.no_grad():
+        want = [model[0](x), model[1](x)]
+    report = patch_report(model)
+    assert [(s.source, s.variant) for s in report.swapped] == [
+        ("PaperRMSNorm", "llama, eps outside the root")
+    ]
+    assert isinstance(model[0], RMSNorm) and model[0].eps_outside
+    assert isinstance(model[1], ClampedRMSNorm)
+    [skipped] = report.skipped
+    assert skipped.source == "ClampedRMSNorm" and "matches no RMSNorm variant" in skipped.reason
+    assert "rows of rms" in skipped.reason  # where the closest variant parts from it
+    rtol, atol = tolerance("float32")
+    with torch.no_grad():
+        for layer, w in zip(model, want, strict=True):
+            torch.testing.assert_close(layer(x), w, rtol=rtol, atol=atol)
+
+
+class BiasedRMSNorm(nn.Module):
+    """RMSNorm(x) · w + b, the bias starting at zero as a fresh model's does."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h + self.bias
+
+
+def test_a_norm_with_a_bias_is_swapped_for_our_bias_variant_sharing_it() -> None:
+    """Its bias was not probed: at zero the variants without one matched bit for bit, and the
+    swapped layer dropped the bias once a checkpoint gave it values."""
+    model = nn.Sequential(BiasedRMSNorm(16))
+    original = BiasedRMSNorm(16)
+    report = patch_report(model)
+    assert len(report.swapped) == 1 and report.swapped[0].exact
+    assert model[0].bias is not None and "0.bias" in model.state_dict()
+    with torch.no_grad():  # a checkpoint's values, in both
+        for p, q in zip(model[0].parameters(), original.parameters(), strict=True):
+            p.copy_(torch.randn(16))
+            q.copy_(p)
+        x = torch.randn(2, 3, 16)
+        assert torch.equal(model(x), original(x))
+
+
+class HalfStatsRMSNorm(nn.Module):
+    """A float16 layer computing its mean square in float16: rows of rms 300 overflow to zeros."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float16))
+        self.eps = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def test_a_half_layer_whose_statistics_overflow_is_swapped_for_the_variant_that_does_too() -> None:
+    """It agrees with float32 statistics within float16's tolerance at rms 3 and was swapped for
+    them; at rms 300 (x² beyond 65504) it gives zeros and they do not."""
+    model = nn.Sequential(HalfStatsRMSNorm(16))
+    x = (300 * rows_of_rms(1.0, 16)).half()
+    with torch.no_grad():
+        want = model(x)
+    report = patch_report(model)
+    assert [(s.variant, s.exact) for s in report.swapped] == [
+        ("llama, statistics in the input's type", True)
+    ]
+    with torch.no_grad():
+        assert torch.equal(model(x), want)
