@@ -7,11 +7,18 @@ import datetime
 import importlib.metadata
 import os
 import platform
+from collections.abc import Sequence
 from typing import Any
 
 
-def describe_machine(provider: str = "cpu", threads: int | None = None) -> dict[str, Any]:
-    """Where the numbers come from: CPU (or GPU), cores, threads, versions, date, load."""
+def describe_machine(
+    provider: str = "cpu",
+    threads: int | None = None,
+    load_before: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """Where the numbers come from: CPU (or GPU), cores, threads, versions, date, load; with the
+    load average read before the run (``load_before``), a ``warning`` where other work competed
+    for the cores ("" where it did not)."""
     import onnxruntime as ort
 
     cpu = _cpu_model()
@@ -26,7 +33,11 @@ def describe_machine(provider: str = "cpu", threads: int | None = None) -> dict[
     summary = f"{device}; {platform.system()}; {versions}; {when}"
     if load is not None:  # other work on the machine shows in the numbers: say how much
         summary += f"; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    warning = ""
+    if load is not None and load_before is not None and provider == "cpu":
+        warning = busy_warning(load_before[0], load[0], cores, threads or cores)
     return {
+        "warning": warning,
         "cpu": cpu,
         "cores": cores,
         "threads": threads,
@@ -39,6 +50,22 @@ def describe_machine(provider: str = "cpu", threads: int | None = None) -> dict[
         "load_average": list(load) if load is not None else None,
         "summary": summary,
     }
+
+
+def busy_warning(before: float, after: float, cores: int, threads: int) -> str:
+    """Why the times cannot be trusted, or "": the 1-minute load average before the run is the
+    other work's, and after it ours (up to ``threads``) plus theirs; more of theirs than the
+    cores our threads leave free means they took turns on our cores (under a load of 10 on
+    2 cores, torch showed 6437x slower than ours)."""
+    others = max(before, after - threads)
+    free = max(cores - threads, 0)
+    if others <= free + 0.5:
+        return ""
+    return (
+        f"load average {before:.2f} before the run and {after:.2f} after it on {cores} cores, "
+        f"{threads} of them timed: other work competed for the cores, and these times and "
+        "ratios cannot be trusted"
+    )
 
 
 def _version(distribution: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from typing import Any
 
 from ..bench import ALL_IMPLS, CEILING, DEFAULT_DTYPES, OPS, OURS, shape_text  # stdlib only
@@ -155,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         progress.update(1 if started else 0, detail=what)
         started.append(what)
 
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     with Progress("Benchmarking", total=total) as progress:
         rows = bench.run(
             shapes,
@@ -167,8 +169,10 @@ def run(args: argparse.Namespace) -> int:
             budget_s=args.budget,
             progress=starting,
         )
-    info = describe_machine(args.provider, rows[0].threads if rows else None)
+    info = describe_machine(args.provider, rows[0].threads if rows else None, load_before)
     print(f"machine: {info['summary']}")
+    if info["warning"]:  # in the table's header: the table is what gets copied elsewhere
+        print(f"warning: {info['warning']}")
     print(bench.format_table(rows))
     if args.json:
         _write_json(args.json, rows, info)
