@@ -166,8 +166,10 @@ def _rows_in_range(xf: Output, axes: Output) -> Output:
     rows with sum |x| <= 2^60 are safe, and larger ones are brought to [2^60, 2^61). A sum that
     overflows (elements beyond 2^128 / N, or an Inf) scales the row by 2^-76, below 2^52 per
     element: an Inf or NaN stays what it is, and the row's output is the definition's. The
-    epsilon is not scaled with the row: a scaled row's mean square is at least 2^104 / N³, so
-    ε's share of it is below float32's rounding for any ε < 2^19 at N = 2^20."""
+    epsilon is not scaled with the row (a constant keeps OpenVINO's RMS fusion): a scaled row's
+    mean square is at least 2^104 / N² (sum x² >= (sum |x|)² / N), so at N = 2^20 ε's share of
+    it is below float32's rounding for any ε < 2^39 (outside the root, of the root 2^52 / N:
+    ε < 2^7)."""
     l1 = ops.reduce_l1(xf, axes, keep_dims=True)
     log2 = ops.floor(ops.divide(ops.log(l1), _f32(math.log(2.0))))
     to_range = ops.power(_f32(2.0), ops.minimum(ops.subtract(_f32(60.0), log2), _f32(0.0)))
