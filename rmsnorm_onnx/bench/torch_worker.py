@@ -254,12 +254,12 @@ def _measure(torch: Any, request: dict[str, Any]) -> dict[str, Any]:
             warmup=0,
             min_run_s=request.get("min_run_s", 0.0),
         )
-        per_call = (_page_faults() - faults) / max(len(calls), 1)
+        per_call = (_page_faults() - faults) / max(len(calls), 1) if faults >= 0 else None
     except CallFailed as e:
         return {"error": unavailable(e.error)}
     except Exception as e:  # no CUDA device for torch, say
         return {"error": unavailable(e)}
-    if per_call > FAULTS_NOTED:
+    if per_call is not None and per_call > FAULTS_NOTED:
         faulted = f"{per_call:.0f} page faults a call: its times include first touches"
         note = f"{note}; {faulted}" if note else faulted
     return {
@@ -283,9 +283,12 @@ def _warm(call: Callable[[], None]) -> None:
 
 
 def _page_faults() -> int:
-    """This process's page faults so far (minor ones: a first touch of fresh memory)."""
-    import resource
-
+    """This process's page faults so far (minor ones: a first touch of fresh memory); -1 where
+    the system does not count them."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return -1
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
