@@ -180,8 +180,9 @@ def _convert(m: nn.Module) -> tuple[RMSNorm | None, str, bool | str]:
     if weight is not None and not isinstance(weight, nn.Parameter):
         return None, "", "its weight is a buffer, not a Parameter: nothing to share"
     bias = getattr(m, "bias", None)
+    bias = bias if isinstance(bias, torch.Tensor) else None  # not a flag named bias
     if bias is not None and not isinstance(bias, nn.Parameter):
-        return None, "", "its bias is not a Parameter: nothing to share"
+        return None, "", "its bias is a buffer, not a Parameter: nothing to share"
     if isinstance(m, nn.RMSNorm):
         candidates = [("torch.nn.RMSNorm", {"eps": m.eps, "rsqrt": True})]  # same bits
         shape: tuple[int, ...] = tuple(m.normalized_shape)

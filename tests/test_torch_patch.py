@@ -475,3 +475,17 @@ def test_a_half_layer_whose_statistics_overflow_is_swapped_for_the_variant_that_
     ]
     with torch.no_grad():
         assert torch.equal(model(x), want)
+
+
+class FlaggedRMSNorm(ScaleThenCastRMSNorm):
+    """A config flag named ``bias`` (False), no bias tensor: the layer is a plain norm."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        self.bias = False
+
+
+def test_a_flag_named_bias_is_no_bias() -> None:
+    model = nn.Sequential(FlaggedRMSNorm(16))
+    report = patch_report(model)
+    assert [s.exact for s in report.swapped] == [True] and model[0].bias is None
