@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from fusion_graphs import Variant, build
 from kernel_models import (
     VARIANTS,
     assert_matches,
@@ -173,6 +174,15 @@ def test_openvino_runs_its_rms_kernel_for_the_extension(cores, rng, dtype: str) 
     assert "RMS" in layer_types(compile_model(cores[True], model))
     decomposed, _ = fuse(model, target="decomposed")
     assert "RMS" in layer_types(compile_model(cores[False], decomposed))
+
+
+def test_openvinos_pick_of_a_half_model_with_float32_weights_runs_in_its_rms_kernel(cores):
+    """contrib's SimplifiedLayerNormalization(X f16, scale f32) did not convert ("X and scale
+    must be of same type"); --for openvino casts X around it, and OpenVINO still fuses the norm
+    into its RMS node, as for every other form (docs/runtimes.md)."""
+    model = build(Variant(dtype=np.float16, cast="after-scale"))
+    fused, _ = fuse(model, for_runtime="openvino")
+    assert layer_types(compile_model(cores[False], fused)).count("RMS") == 1
 
 
 BAD = {
