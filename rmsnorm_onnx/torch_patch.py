@@ -336,7 +336,8 @@ class _Probe:
         diff = (g - e).abs().nan_to_num(math.inf)
         diff = torch.where(g.isnan() & e.isnan(), torch.zeros_like(diff), diff)
         diff = torch.where(g == e, torch.zeros_like(diff), diff)  # equal infinities
-        units = (diff / (rtol * e.abs().nan_to_num(0.0) + atol * size)).amax(dim=1)
+        units = (diff / (rtol * e.abs().nan_to_num(0.0) + atol * size)).nan_to_num(math.inf)
+        units = units.amax(dim=1)  # (an Inf expected and another value got: inf / inf)
         relative = (diff / size).amax(dim=1)
         errors: dict[str, tuple[float, float]] = {}
         for kind, u, r in zip(self.kinds, units.tolist(), relative.tolist(), strict=True):
