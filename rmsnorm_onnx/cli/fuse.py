@@ -39,7 +39,7 @@ def _runtimes_epilog() -> str:
     width = max(len(name) for name in target_names.RUNTIMES) + 2
     lines = ["--for RUNTIME writes the form measured best there (function bodies stay on):"]
     for name, pick in target_names.RUNTIMES.items():
-        text = textwrap.wrap(f"{pick.target}: {pick.why}", 96 - width)
+        text = textwrap.wrap(f"{pick.target}: {pick.why}", 96 - width, break_on_hyphens=False)
         lines += [f"  {name:<{width}}{text[0]}", *(" " * (width + 2) + t for t in text[1:])]
     return "\n".join(lines) + "\n"
 
