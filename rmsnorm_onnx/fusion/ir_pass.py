@@ -72,7 +72,8 @@ class RMSNormFusionPass(ir.passes.FunctionalPass):
         result = ir.serde.deserialize_model(fused)
         if base_dir:
             ir.external_data.set_base_dir(result.graph, base_dir)
-        return ir.passes.PassResult(result, modified=not _same(before, fused))
+        # field by field (no serialization: a model over 2 GB cannot be serialized to bytes)
+        return ir.passes.PassResult(result, modified=before != fused)
 
 
 def _name_unread_sums(model: onnx.ModelProto) -> None:
@@ -93,7 +94,3 @@ def _name_unread_sums(model: onnx.ModelProto) -> None:
                     name, k = f"{node.output[0]}_sum_{k}", k + 1
                 node.output[1] = name
                 taken.add(name)
-
-
-def _same(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
-    return a.SerializeToString(deterministic=True) == b.SerializeToString(deterministic=True)
