@@ -442,7 +442,10 @@ def attach(model: onnx.ModelProto) -> Attached:
         done.bodies[f"{variant.op_type}({variant.label})"] = len(groups[sig])
         for node in groups[sig]:
             _fit(node, variant)
-            node.overload = overload
+            if overload:
+                node.overload = overload
+            else:  # absent, as onnx-ir writes it: a file fused again is the same bytes
+                node.ClearField("overload")
     overloaded = sorted({f.name for f in functions if f.overload})
     model.ir_version = max(
         model.ir_version, OVERLOAD_IR_VERSION if overloaded else FUNCTION_IR_VERSION

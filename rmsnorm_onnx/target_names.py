@@ -32,7 +32,8 @@ class Runtime:
 
 # runtime -> the form that loads everywhere there and runs fastest (measured with
 # tools/runtime_matrix.py: onnxruntime 1.21 and 1.31, onnx's ReferenceEvaluator, OpenVINO CPU
-# 2026.4; RMSNorm and SkipRMSNorm 2048x4096 fp32 and the tiny LLaMA sample)
+# 2026.4, onnxruntime-node and -web 1.30 in Node 20; RMSNorm and SkipRMSNorm 2048x4096 fp32 and
+# the tiny LLaMA sample)
 RUNTIMES: dict[str, Runtime] = {
     "onnxruntime": Runtime(
         "custom",
@@ -49,6 +50,12 @@ RUNTIMES: dict[str, Runtime] = {
         "OpenVINO turns every form into its one RMS node, and contrib loads without our extension",
         same_types="OpenVINO converts SimplifiedLayerNormalization only with X and scale of one "
         "type",
+    ),
+    "onnxruntime-web": Runtime(
+        "contrib",
+        "our library cannot be registered in JavaScript; in onnxruntime-web's WASM backend "
+        "contrib and standard are the fastest forms, within a few per cent of each other, and "
+        "contrib also loads where opset 23 does not (onnxruntime 1.21)",
     ),
     "reference": Runtime(
         "decomposed",

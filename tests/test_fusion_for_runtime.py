@@ -1,14 +1,17 @@
 """``fuse(..., for_runtime=...)`` picks the measured best form per runtime
 (rmsnorm_onnx.target_names.RUNTIMES), and what it writes loads and runs in that runtime.
 
-Runs where onnxruntime is installed (the main venv) and where OpenVINO is (its own venv); the
-cases of the runtime missing skip.
+Runs where onnxruntime is installed (the main venv), where OpenVINO is (its own venv) and where
+Node has the npm packages of tests/js (`npm ci` there); the cases of the runtime missing skip.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
+import js_runner
 import numpy as np
 import onnx
 import pytest
@@ -58,6 +61,16 @@ def _openvino(model: onnx.ModelProto, inputs) -> list[np.ndarray]:
     return [result[o] for o in compiled.outputs]
 
 
+def _web(model: onnx.ModelProto, inputs) -> list[np.ndarray]:
+    js_runner.skip_unless_installed()
+    with tempfile.TemporaryDirectory() as folder:
+        onnx.save(model, Path(folder) / "model.onnx")
+        js_runner.write_inputs(Path(folder), inputs)
+        result = js_runner.run("web", Path(folder), ["model"], budget=0)["forms"]["model"]
+    assert "error" not in result, result
+    return result["outputs"]
+
+
 def _reference(model: onnx.ModelProto, inputs) -> list[np.ndarray]:
     from onnx.reference import ReferenceEvaluator
 
@@ -69,6 +82,7 @@ RUNS = {  # runtime -> how the test runs a file there (without our library or ex
     "onnxruntime-no-library": lambda m, i: _onnxruntime(m, i, library=False),
     "openvino": _openvino,
     "reference": _reference,
+    "onnxruntime-web": _web,  # WASM, in Node
 }
 
 
@@ -144,7 +158,9 @@ def test_onnxruntime_gets_our_ops_with_their_bodies(fused_library: str) -> None:
     np.testing.assert_allclose(with_library[0], _want(inputs), rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("runtime", ["onnxruntime-no-library", "openvino", "reference"])
+@pytest.mark.parametrize(
+    "runtime", ["onnxruntime-no-library", "openvino", "reference", "onnxruntime-web"]
+)
 def test_picks_for_runtimes_without_our_library_hold_none_of_our_ops(runtime: str) -> None:
     fused, _ = fuse(with_residual(V, R), for_runtime=runtime)
     assert not op_functions.our_nodes(fused) and not fused.functions

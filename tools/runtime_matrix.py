@@ -13,7 +13,9 @@ against rmsnorm_onnx.reference; the tiny LLaMA sample, exported fused here, chec
 Runtimes (--runtimes), each in a child process of its own interpreter: onnxruntime with and
 without our library (ort-lib, ort: this venv's; ort121-lib, ort121: --ort121-python), onnx's
 ReferenceEvaluator (reference), OpenVINO CPU with and without rmsnorm_onnx.openvino_extension()
-(openvino-ext, openvino: --openvino-python). A cell says what the runtime ran the norm as where
+(openvino-ext, openvino: --openvino-python), onnxruntime-node and onnxruntime-web's WASM backend
+in Node (node, web: the npm packages of tests/js, installed by `npm ci` there; our library cannot
+be registered in either). A cell says what the runtime ran the norm as where
 it tells: the norm ops of ORT's optimized graph (all its ops for a one-norm graph), the RMS nodes
 of OpenVINO's runtime graph. Forms are timed in turns (round robin), one intra-op thread.
 
@@ -31,6 +33,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,8 +46,11 @@ from onnx import helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a source checkout
+sys.path.insert(0, str(ROOT / "tests"))  # js_runner: Node's side of the JavaScript rows
 
-from rmsnorm_onnx.op_schema import NORM_OPS  # noqa: E402  (after making the repo importable)
+import js_runner  # noqa: E402  (after making the repo importable)
+
+from rmsnorm_onnx.op_schema import NORM_OPS  # noqa: E402
 
 FORMS = ("ours", "ours-bare", "contrib", "standard", "decomposed")
 # name -> (worker kind, interpreter option or None for this one, our library/extension used)
@@ -56,11 +62,15 @@ RUNTIMES = {
     "reference": ("reference", None, False),
     "openvino-ext": ("openvino", "openvino", True),
     "openvino": ("openvino", "openvino", False),
+    "node": ("node", "node", False),
+    "web": ("web", "node", False),
 }
 _LABELS = {  # worker kind -> (name, what "with ours" adds)
     "ort": ("onnxruntime", " + our library"),
     "reference": ("onnx ReferenceEvaluator", ""),
     "openvino": ("OpenVINO CPU", " + our extension"),
+    "node": ("onnxruntime-node", ""),
+    "web": ("onnxruntime-web (WASM, in Node)", ""),
 }
 EPS = 1e-6
 _SMALL_GRAPH = 12  # nodes: up to this, ORT's optimized graph is listed whole
@@ -124,7 +134,13 @@ def _forms(source: onnx.ModelProto) -> dict[str, onnx.ModelProto]:
 
 
 def _interpreters(args: argparse.Namespace) -> dict[str | None, str | None]:
-    return {None: sys.executable, "ort121": args.ort121_python, "openvino": args.openvino_python}
+    node = None if js_runner.missing() else shutil.which("node")
+    return {
+        None: sys.executable,
+        "ort121": args.ort121_python,
+        "openvino": args.openvino_python,
+        "node": node,
+    }
 
 
 def _cell(result: dict, truth: list[np.ndarray], outputs: list[np.ndarray] | None) -> str:
@@ -225,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
                     row = [f"{base} ({name}){ours * with_library}", *["not measured"] * len(FORMS)]
                     lines.append("| " + " | ".join(row) + " |")
                     continue
-                results = _spawn(python, kind, with_library, folder, library, args)
+                if kind in js_runner.BACKENDS:
+                    results = _spawn_js(kind, folder, inputs, args.budget)
+                else:
+                    results = _spawn(python, kind, with_library, folder, library, args)
                 label = f"{base} {results.get('version', '?')}{ours * with_library}"
                 cells = []
                 for form in FORMS:
@@ -270,6 +289,25 @@ def _spawn(python: str, kind: str, with_library: bool, folder: Path, library: st
     return results
 
 
+def _spawn_js(backend: str, folder: Path, inputs: dict, budget: float) -> dict:
+    """Node's results in the shape of a Python worker's: outputs to out.FORM.npz."""
+    js_runner.write_inputs(folder, inputs)
+    try:
+        results = js_runner.run(backend, folder, list(FORMS), budget)
+    except RuntimeError as e:
+        failed = {"error": _first_line(e), "stage": "worker failed"}
+        return {"forms": {form: failed for form in FORMS}}
+    for form, result in results["forms"].items():
+        outputs = result.pop("outputs", None)
+        if outputs is not None:
+            np.savez(folder / f"out.{form}.npz", **{f"o{i}": o for i, o in enumerate(outputs)})
+        optimized = folder / f"optimized.{form}.onnx"
+        if optimized.exists():  # onnxruntime-node's optimized graph
+            result["ran_as"] = _ran_as(onnx.load(optimized, load_external_data=False).graph)
+            optimized.unlink()
+    return results
+
+
 # --- the child: load, run once (outputs kept), time ---------------------------------------------
 
 
@@ -289,14 +327,18 @@ def _ort(with_library: bool, threads: int, folder: Path):
         optimized.unlink()
         for extra in folder.glob(f"optimized.{path.stem}.onnx*"):
             extra.unlink()
-        # a one-norm graph: every op it ran; a model: its norm ops
-        small = len(graph.node) <= _SMALL_GRAPH
-        ran = Counter(n.op_type for n in graph.node if small or n.op_type in NORM_OPS)
-        if not ran and any(n.op_type == "ReduceMean" for n in graph.node):
-            ran["plain ops"] = 1
-        return lambda feeds: session.run(None, feeds), _counted(ran)
+        return lambda feeds: session.run(None, feeds), _ran_as(graph)
 
     return ort.__version__, load
+
+
+def _ran_as(graph: onnx.GraphProto) -> str:
+    """What ORT's optimized graph ran: a one-norm graph's every op, a model's norm ops."""
+    small = len(graph.node) <= _SMALL_GRAPH
+    ran = Counter(n.op_type for n in graph.node if small or n.op_type in NORM_OPS)
+    if not ran and any(n.op_type == "ReduceMean" for n in graph.node):
+        ran["plain ops"] = 1
+    return _counted(ran)
 
 
 def _reference(with_library: bool, threads: int, folder: Path):

@@ -41,7 +41,9 @@ def _runtimes_epilog() -> str:
     for name, pick in target_names.RUNTIMES.items():
         cast = f"; X cast to the scale's type around the op: {pick.same_types}"
         text = textwrap.wrap(
-            f"{pick.target}: {pick.why}{cast if pick.same_types else ''}", 96 - width
+            f"{pick.target}: {pick.why}{cast if pick.same_types else ''}",
+            96 - width,
+            break_on_hyphens=False,
         )
         lines += [f"  {name:<{width}}{text[0]}", *(" " * (width + 2) + t for t in text[1:])]
     return "\n".join(lines) + "\n"

@@ -4,6 +4,8 @@ raised to our ops (``raising``), then lowered to the target (``lower``, ``target
     model, report = fuse("model.onnx", target="custom")  # or contrib, standard, decomposed
     model, report = fuse("model.onnx", for_runtime="openvino")  # the best form for a runtime
     report = fuse_file("in.onnx", "out.onnx", verify=True)
+    ir.passes.PassManager([RMSNormFusionPass("custom")])(ir_model)  # an onnx-ir pass (Olive,
+                                                                     # onnxscript's optimizer)
 
 Weights are never loaded: the graph is read without its external data, rewritten with
 onnxscript's pattern rewriter on onnx-ir, and written pointing at the same weight bytes. This
@@ -34,18 +36,23 @@ from . import (
     types,
     wellformed,
 )
+from .ir_pass import RMSNormFusionPass
 from .lower import lower
 from .report import FuseReport, Skip
 from .targets import TARGETS, Target
 
-__all__ = ["TARGETS", "FuseReport", "Skip", "Target", "fuse", "fuse_file"]
+__all__ = ["TARGETS", "FuseReport", "RMSNormFusionPass", "Skip", "Target", "fuse", "fuse_file"]
 
 _MIN_OPSET = 7  # Pow/Sqrt/Reciprocal/ReduceMean with today's broadcasting
 
 
-def _read(model_or_path: onnx.ModelProto | str | os.PathLike[str]):
+def _read(model_or_path: onnx.ModelProto | str | os.PathLike[str], base_dir: Path | None):
     if isinstance(model_or_path, onnx.ModelProto):
-        return model_or_path, None
+        if base_dir is not None:  # a ModelProto whose external data sits there (an onnx-ir pass's)
+            external.check_files(model_or_path, base_dir, base_dir)
+        return model_or_path, base_dir
+    if base_dir is not None:
+        raise UsageError("base_dir is for a ModelProto: a file's external data is beside it")
     if isinstance(model_or_path, inline_weights.WeightsInFile):  # fuse_file's, read once
         path, proto = model_or_path.path, model_or_path.proto
     else:
@@ -139,6 +146,7 @@ def fuse(
     function_bodies: bool = True,
     *,
     for_runtime: str | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> tuple[onnx.ModelProto, FuseReport]:
     """Fuse every RMSNorm (decomposed, another tool's op, ours; the residual Add in front of it
     too) into ``target``'s form; returns the new model (input untouched) and a report.
@@ -151,13 +159,15 @@ def fuse(
     (relative to the input's folder). ``verify`` runs original and fused model in onnxruntime.
     ``function_bodies``: where the result holds our ops, it carries their definition as
     model-local functions (:mod:`rmsnorm_onnx.op_functions`), so that it also runs without our
-    library; bodies the input carried are always dropped first.
+    library; bodies the input carried are always dropped first. ``base_dir``: the folder of a
+    ``ModelProto``'s external data files (a path's data is read beside it).
     """
     tgt = targets.get(target, for_runtime=for_runtime)
-    proto, base_dir = _read(model_or_path)
+    given = isinstance(model_or_path, onnx.ModelProto)
+    proto, base_dir = _read(model_or_path, None if base_dir is None else Path(base_dir))
     _check_opset(proto)
-    where = str(model_or_path) if base_dir is not None else "model"
-    proto, sorted_notes = wellformed.in_order(proto, copy=base_dir is None)  # the caller's: kept
+    where = "model" if given else str(model_or_path)
+    proto, sorted_notes = wellformed.in_order(proto, copy=given)  # the caller's: kept
     wellformed.check(proto, where)
     problems = op_schema.attribute_problems(proto)
     if problems:  # our own nodes, malformed: converting them would drop or keep the stray
