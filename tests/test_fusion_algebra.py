@@ -711,3 +711,62 @@ def test_what_cancels_only_where_it_is_finite_and_nonzero_is_kept(spelling: str)
     fused, report = fuse(model)
     assert report.fused_count == 0, report.summary(verbose=True)
     np.testing.assert_array_equal(run(fused, {"x": x})[0], run(model, {"x": x})[0])
+
+
+# -- a one-element constant of more dims than x broadcasts the result up: kept or refused
+
+
+def _rank_raising(where: str) -> onnx.ModelProto:
+    """A norm of x [2, 3, 16] with one of its constants of shape [1, 1, 1, 1]: the result is
+    [1, 2, 3, 16]."""
+    b = Builder(Spelling(mean="mean-mul"))
+
+    def c(value: float, here: str) -> str:
+        return b.const(np.full((1, 1, 1, 1), value) if here == where else value)
+
+    if where.startswith("lp"):
+        x = b.op("Mul", "x", c(1.0, "lp-input"))
+        y = b.op("Mul", b.op("LpNormalization", x, axis=-1, p=2), c(math.sqrt(N), "lp-root-n"))
+    elif where.startswith("l2"):
+        l2 = b.reduce("ReduceL2", b.op("Mul", "x", c(1.0, "l2-input")))
+        y = b.op("Div", "x", b.op("Div", l2, c(math.sqrt(N), "l2-root-n")))
+    else:
+        if where == "sumsquare-n":
+            ms = b.op("Div", b.reduce("ReduceSumSquare", "x"), c(float(N), where))
+        else:
+            ms = b.reduce("ReduceMean", b.op("Pow", "x", c(2.0, "exponent")))
+        inner = b.op("Add", ms, c(EPS, "eps"))
+        if where == "div-one":
+            y = b.op("Mul", "x", b.op("Div", c(1.0, where), b.op("Sqrt", inner)))
+        else:
+            y = b.op("Mul", "x", b.op("Pow", inner, c(-0.5, "pow-half")))
+    model = b.model(y)
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    return model
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["lp-input", "lp-root-n", "l2-input", "l2-root-n", "sumsquare-n", "exponent", "eps",
+     "pow-half", "div-one"],
+)  # fmt: skip
+@pytest.mark.parametrize("target", ["custom", "decomposed"])
+def test_a_constant_that_raises_the_rank_keeps_it(where: str, target: str) -> None:
+    """LpNormalization(x · ones[1,1,1,1]) · √N fused to RMSNorm(x): [2, 3, 16] where the
+    original gives [1, 2, 3, 16] (the Lp branch dropped the constant's rank)."""
+    import onnxruntime as ort
+
+    from rmsnorm_onnx.runtime import session
+
+    opts = ort.SessionOptions()  # as written: onnxruntime's own norm fusion drops the rank too
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    model = _rank_raising(where)
+    x = _feed()
+    want = session(model, options=opts).run(None, {"x": x})[0]
+    assert want.shape == (1, *SHAPE)
+    fused, report = fuse(model, target=target)
+    got = session(fused, options=opts).run(None, {"x": x})[0]
+    assert got.shape == want.shape, report.summary(verbose=True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if report.fused_count == 0:
+        assert "broadcasts the result up" in report.skipped[0].reason, report.skipped

@@ -682,8 +682,9 @@ class Reader:
         # rounds to ms above 2^-102); rows below that, whose squares float32 holds at reduced
         # precision if at all, move
         shifted = Shifted(MeanSquare(y, -1, node), LP_ZERO_ROW_EPSILON, outside=False)
-        out = Product(coef=(1.0 if c > 0 else -1.0) / math.sqrt(n), narrowest=read.narrowest)
-        out.interior.update(read.interior)
+        # (a one-element constant of the input's may raise its rank, or cancel: both stay)
+        sign = 1.0 if c > 0 else -1.0
+        out = dataclasses.replace(read.copy(), coef=sign / math.sqrt(n), powers={})
         out.spelling.update({"square": "LpNormalization", "mean": "LpNormalization"})
         out.spelling.setdefault("root", "LpNormalization")
         out.powers[term_key(y)] = (y, Fraction(1))

@@ -221,12 +221,14 @@ def _input(value: ir.Value, read: Product, numerator: ir.Value, ms: MeanSquare) 
         raise _Not("the input is a scalar (rank 0): the op normalizes tensors of rank >= 1", _SURE)
     n_axes = -ms.axis if ms.axis < 0 else None
     bound = rank(x) if rank(x) is not None else (n_axes or 0)
-    if read.const_ndim > bound:  # a constant of more dims than x broadcasts the result up
+    # a constant of more dims than x broadcasts the result up: a norm but for that (as sure as
+    # a norm but for another reader)
+    if read.const_ndim > bound:
         if rank(x) is None:
-            raise _Not(
-                "a constant of the chain: rank is unknown: broadcasting could add dims", _SURE
-            )
-        raise _Not("a constant of the chain has more dims than the input (it broadcasts)", _SURE)
+            why = "a constant of the chain: rank is unknown: broadcasting could add dims"
+            raise _Not(why, _OTHER_USE)
+        why = f"a constant of the chain has {read.const_ndim} dims, the input {rank(x)}"
+        raise _Not(f"{why}: it broadcasts the result up", _OTHER_USE)
     return x
 
 
