@@ -636,6 +636,20 @@ def test_a_tensor_divided_by_itself_is_not_cancelled() -> None:
     np.testing.assert_array_equal(run(fused, feeds)[0], run(model, feeds)[0])
 
 
+def test_lp_normalization_of_a_tensor_divided_by_itself_is_not_cancelled() -> None:
+    """LpNormalization(x·g/g)·√N is NaN where g is 0: the Lp branch dropped the cancellation."""
+    b = Builder(Spelling())
+    y = b.op("LpNormalization", b.op("Mul", "x", b.op("Div", "g", "g")), axis=-1, p=2)
+    model = b.model(b.op("Mul", y, b.const(math.sqrt(N))))
+    model.graph.input.append(helper.make_tensor_value_info("g", TensorProto.FLOAT, list(SHAPE)))
+    g = np.ones(SHAPE, np.float32)
+    g[0, 1, 5] = 0.0
+    feeds = {"x": _feed(), "g": g}
+    fused, report = fuse(model)
+    assert report.fused_count == 0, report.summary(verbose=True)
+    np.testing.assert_array_equal(run(fused, feeds)[0], run(model, feeds)[0])
+
+
 def test_lp_normalization_of_a_zeroed_input_stays_zero() -> None:
     """LpNormalization(x·0)·√N is 0 everywhere; the sign of c = 0 was read as -1."""
     b = Builder(Spelling())
