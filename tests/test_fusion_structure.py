@@ -536,3 +536,67 @@ def test_axes_the_graph_computes_from_a_constant_are_read():
     feeds = {"x": _x()}
     want = reference.rms_norm(feeds["x"], W, epsilon=1e-5)
     np.testing.assert_allclose(session(fused).run(None, feeds)[0], want, rtol=1e-5, atol=1e-6)
+
+
+# axes computed from X's rank (ONNX's RMSNormalization body: Range(axis, Size(Shape(X)))), with
+# dynamic leading dims: constant wherever the rank is
+COMPUTED_AXES = {
+    "onnx-body": (["Add(rank, axis)", "rank"], True),  # Range(rank - 1, rank)
+    "gather-of-range": (["Gather(Range(0, rank), -1)"], True),  # [2]
+    "not-trailing": (["one", "Sub(rank, one)"], False),  # Range(1, rank - 1): [1]
+    "dynamic-dim": (["Gather(Shape(x), 0)", "rank"], False),  # Range(B, rank): B unknown
+}
+
+
+def _computed_axes(case: str) -> list:
+    """The nodes that compute "ax" for :data:`COMPUTED_AXES`."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["xs"]),
+        helper.make_node("Size", ["xs"], ["rank"]),
+        _const("axis", np.int64(-1)),
+        _const("one", np.int64(1)),
+        _const("zero", np.int64(0)),
+        _const("last", np.array([-1], np.int64)),
+        helper.make_node("Add", ["rank", "axis"], ["Add(rank, axis)"]),
+        helper.make_node("Sub", ["rank", "one"], ["Sub(rank, one)"]),
+        helper.make_node("Range", ["zero", "rank", "one"], ["all"]),
+        helper.make_node("Gather", ["all", "last"], ["Gather(Range(0, rank), -1)"]),
+        helper.make_node("Gather", ["xs", "zero"], ["Gather(Shape(x), 0)"]),
+    ]
+    operands, _ = COMPUTED_AXES[case]
+    if len(operands) == 1:
+        return [*nodes, helper.make_node("Identity", operands, ["ax"])]
+    return [*nodes, helper.make_node("Range", [*operands, "one"], ["ax"])]
+
+
+@pytest.mark.parametrize("case", list(COMPUTED_AXES))
+def test_axes_computed_from_a_static_rank_are_read(case):
+    # ONNX's own function body of RMSNormalization (what a runtime or tool inlining the op
+    # writes); its epsilon is CastLike(float32 ε, X)
+    nodes = [
+        *_computed_axes(case),
+        _const("eps32", np.float32(1e-5)),
+        helper.make_node("CastLike", ["eps32", "x"], ["eps"]),
+        *[n for n in _norm("x", "y") if n.output[0] not in ("ax", "eps")],
+    ]
+    shape = ["B", "S", 8]
+    graph = helper.make_graph(
+        nodes, "g", [_info("x", shape)], [_info("y", shape)], [numpy_helper.from_array(W, "w")]
+    )
+    model = _model(graph, ir_version=8)
+    fused, report = fuse(model)
+    fuses = COMPUTED_AXES[case][1]
+    assert report.fused_count == int(fuses), report.summary(verbose=True)
+    if fuses:
+        assert [n.op_type for n in fused.graph.node if n.op_type != "Constant"] == ["RMSNorm"]
+    else:
+        why = "axes are not a constant" if case == "dynamic-dim" else "not the trailing axes"
+        assert why in report.skipped[0].reason, report.skipped
+    feeds = {"x": _x((3, 2, 8))}
+    want = _plain(model, feeds)[0]
+    if fuses:
+        np.testing.assert_allclose(want, reference.rms_norm(feeds["x"], W, epsilon=1e-5), rtol=1e-5)
+    got = (session(fused) if fuses else ort.InferenceSession(fused.SerializeToString())).run(
+        None, feeds
+    )[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -56,24 +56,149 @@ _INTEGER_TYPES = frozenset(
 )  # fmt: skip
 
 
-def constant_integers(value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
-    """The flat values of a small integer constant, also where the graph computes it from one
-    by Identity, an integer Cast, Reshape, Squeeze or Unsqueeze (none changes the values or
-    their order): tf2onnx without its optimizers feeds axes as Reshape(Cast(int32 [-1]))."""
-    array = constant_array(value, max_size=64)
+def constant_integers(value: ir.Value | None) -> np.ndarray | None:
+    """The flat values of a small integer constant, also where the graph computes it from
+    constants and static shapes (:func:`computed_integers`): tf2onnx without its optimizers feeds
+    axes as Reshape(Cast(int32 [-1])), ONNX's own RMSNormalization body as
+    Range(axis, Size(Shape(X))), constant wherever X's rank is known."""
+    array = computed_integers(value)
+    return None if array is None else array.reshape(-1)
+
+
+_MAX_COMPUTED = 64  # elements: axes, a shape, an index; nothing bigger is computed
+_MAX_STEPS = 8  # ops from a computed integer back to its constants
+
+
+def computed_integers(value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
+    """A small integer tensor the graph computes from constants and static shapes, by the ops of
+    :data:`_INTEGER_OPS` (Shape, Size, Range, Gather, Concat, Add/Sub/Mul, Identity, integer
+    Cast, Reshape, Squeeze, Unsqueeze), as the op computes it; None where any part is not known.
+    """
+    array = constant_array(value, max_size=_MAX_COMPUTED)
     if array is not None:
-        return array.reshape(-1) if np.issubdtype(array.dtype, np.integer) else None
-    node = None if value is None or depth > 4 else value.producer()
-    if node is None or node.domain not in DEFAULT_DOMAINS or not node.inputs:
+        return array if np.issubdtype(array.dtype, np.integer) else None
+    node = None if value is None or depth > _MAX_STEPS else value.producer()
+    if node is None or node.domain not in DEFAULT_DOMAINS or node.outputs[0] is not value:
         return None
-    if node.op_type not in ("Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze"):
+    compute = _INTEGER_OPS.get(node.op_type)
+    if compute is None:
         return None
-    if node.op_type == "Cast" and node.attributes.get_int("to", 0) not in _INTEGER_TYPES:
+    try:
+        with np.errstate(all="raise"):
+            out = compute(node, lambda v: computed_integers(v, depth + 1))
+    except (ValueError, IndexError, TypeError, FloatingPointError):
+        return None  # (what the op would refuse when the graph runs)
+    if out is None or out.size > _MAX_COMPUTED or not np.issubdtype(out.dtype, np.integer):
         return None
-    source = constant_integers(node.inputs[0], depth + 1)
-    if source is None or node.op_type != "Cast":
-        return source
-    return source.astype(ir.DataType(node.attributes.get_int("to")).numpy())
+    return out
+
+
+def _operands(node: ir.Node, read, count: int | None = None) -> list[np.ndarray] | None:
+    """The node's first ``count`` inputs (default all) read by ``read``; None where one is not."""
+    inputs = node.inputs if count is None else node.inputs[:count]
+    arrays = [None if v is None else read(v) for v in inputs]
+    return None if not arrays or any(a is None for a in arrays) else arrays
+
+
+def _shape_of(node: ir.Node, read) -> np.ndarray | None:
+    """Shape(t)[start:end] where those dims of t are static numbers."""
+    dims = _shape_slice(node)
+    if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+        return None  # (some exporters write a dynamic dim as -1)
+    return np.array(dims, np.int64)
+
+
+def _shape_slice(node: ir.Node) -> list | None:
+    t = node.inputs[0] if node.inputs else None
+    if t is None or t.shape is None:
+        return None
+    dims = list(t.shape)
+    start, end = (node.attributes.get_int(k, d) for k, d in (("start", 0), ("end", len(dims))))
+    return dims[slice(start, end)]
+
+
+def _size_of(node: ir.Node, read) -> np.ndarray | None:
+    """Size(t): the rank where t is a Shape (X's dims need not be known), else t's static
+    element count."""
+    t = node.inputs[0] if node.inputs else None
+    shape_node = None if t is None else t.producer()
+    if shape_node is not None and _is_default_op(shape_node, "Shape"):
+        dims = _shape_slice(shape_node)
+        return None if dims is None else np.array(len(dims), np.int64)
+    dims = None if t is None or t.shape is None else list(t.shape)
+    if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+        return None
+    return np.array(int(np.prod(dims)), np.int64)
+
+
+def _is_default_op(node: ir.Node, op_type: str) -> bool:
+    return node.op_type == op_type and node.domain in DEFAULT_DOMAINS
+
+
+def _range(node: ir.Node, read) -> np.ndarray | None:
+    args = _operands(node, read, 3)
+    if args is None or any(a.size != 1 for a in args) or int(args[2].reshape(())) == 0:
+        return None
+    start, limit, delta = (a.reshape(()) for a in args)
+    if abs(int(limit) - int(start)) > _MAX_COMPUTED * abs(int(delta)):
+        return None
+    return np.arange(start, limit, delta, dtype=args[0].dtype)
+
+
+def _gather(node: ir.Node, read) -> np.ndarray | None:
+    args = _operands(node, read, 2)
+    if args is None:
+        return None
+    data, indices = args
+    axis = node.attributes.get_int("axis", 0)
+    return np.take(data, indices.astype(np.int64), axis=axis)  # (negative indices wrap)
+
+
+def _concat(node: ir.Node, read) -> np.ndarray | None:
+    args, axis = _operands(node, read), node.attributes.get_int("axis", None)
+    return None if args is None or axis is None else np.concatenate(args, axis=axis)
+
+
+def _arithmetic(function):
+    def compute(node: ir.Node, read) -> np.ndarray | None:
+        args = _operands(node, read, 2)
+        if args is None or args[0].dtype != args[1].dtype:
+            return None
+        return function(*args).astype(args[0].dtype)
+
+    return compute
+
+
+def _cast(node: ir.Node, read) -> np.ndarray | None:
+    to = node.attributes.get_int("to", 0)
+    source = read(node.inputs[0]) if node.inputs else None
+    if source is None or to not in _INTEGER_TYPES:
+        return None
+    return source.astype(ir.DataType(to).numpy())
+
+
+def _reshaped(node: ir.Node, read) -> np.ndarray | None:
+    """Reshape, Squeeze, Unsqueeze: the same values in the shape the op gives them."""
+    source = read(node.inputs[0]) if node.inputs else None
+    shape = None if source is None else _result_shape(node, tuple(source.shape))
+    return None if shape is None else source.reshape(shape)
+
+
+_INTEGER_OPS = {
+    "Identity": lambda node, read: read(node.inputs[0]) if node.inputs else None,
+    "Cast": _cast,
+    "Reshape": _reshaped,
+    "Squeeze": _reshaped,
+    "Unsqueeze": _reshaped,
+    "Shape": _shape_of,
+    "Size": _size_of,
+    "Range": _range,
+    "Gather": _gather,
+    "Concat": _concat,
+    "Add": _arithmetic(np.add),
+    "Sub": _arithmetic(np.subtract),
+    "Mul": _arithmetic(np.multiply),
+}
 
 
 def constant_source(value: ir.Value | None) -> ir.Value | None:
