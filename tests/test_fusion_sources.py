@@ -365,3 +365,22 @@ def test_a_scale_of_ones_the_size_of_x_is_no_scale(fill: float) -> None:
     [node] = _ours(fused)
     assert list(node.input) == ["x"], node  # no scale input
     np.testing.assert_allclose(run(fused, {"x": x})[0], rms_norm(x, epsilon=1e-5), rtol=1e-5)
+
+
+def test_a_norm_op_of_another_domain_is_tried(monkeypatch) -> None:
+    """A rule's (domain, op) decides which nodes it is tried on: the set the raise stage used
+    named every NORMS op in the default domain, so a rule for an op of another domain was never
+    tried (and nothing said so)."""
+    from rmsnorm_onnx.fusion import sources
+
+    monkeypatch.setitem(sources.NORMS, "RMSNormLike", ("com.example", 1e-5))
+    assert sources.is_source_op("com.example", "RMSNormLike")
+    assert not sources.is_source_op("", "RMSNormLike")
+    original = norm_model(SLN, F32, F32, epsilon=1e-4)
+    original.graph.node[0].op_type, original.graph.node[0].domain = "RMSNormLike", "com.example"
+    original.opset_import.append(helper.make_opsetid("com.example", 1))
+    fused, report = fuse(original)
+    assert dict(report.converted) == {"RMSNormLike → RMSNorm": 1}, report.summary(verbose=True)
+    feeds = _feeds(original)
+    want = rms_norm(feeds["x"], numpy_helper.to_array(original.graph.initializer[0]), epsilon=1e-4)
+    np.testing.assert_allclose(run(fused, feeds)[0], want, rtol=1e-5, atol=1e-6)

@@ -18,7 +18,7 @@ from .. import op_schema
 from ..errors import InvalidModelError
 from ..onnx_io import subgraphs
 from .algebra import STATISTIC_OPS
-from .sources import SOURCE_OPS
+from .sources import is_source_op
 
 _DEFAULT = ("", "ai.onnx")
 # our ops' bodies, which the pass writes itself; other functions of our domain are inlined as
@@ -29,7 +29,7 @@ _OUR_OPS = {(op_schema.DOMAIN, name) for name in op_schema.OP_TYPES}
 def _holds_norm(node: onnx.NodeProto) -> bool:
     if node.domain in _DEFAULT and node.op_type in STATISTIC_OPS:
         return True
-    if (node.domain if node.domain != "ai.onnx" else "", node.op_type) in SOURCE_OPS:
+    if is_source_op(node.domain, node.op_type):
         return True
     if node.domain == op_schema.DOMAIN:
         return True

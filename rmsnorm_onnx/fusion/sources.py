@@ -13,6 +13,9 @@ precision (0 is no type at all), so such a node is left alone with the reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
@@ -30,10 +33,9 @@ from .values import (
     no_wider_than,
 )
 
-# op type -> (domain, default epsilon)
+# op type -> (domain, default epsilon): one StandardNorm rule each
 NORMS = {op_schema.ONNX_NORM: ("", 1e-5), op_schema.ORT_NORM: ("", 1e-5)}
 SKIP_EPSILON = 1e-12
-SOURCE_OPS = {("", name) for name in NORMS} | {(MS_DOMAIN, ORT_SKIP_NORM)}
 
 
 class StandardNorm(pattern.RewriteRuleClassBase):
@@ -102,6 +104,8 @@ class SkipSimplified(pattern.RewriteRuleClassBase):
     inv_std_var) must be unread; the matcher refuses a node whose unmatched outputs are used.
     """
 
+    SOURCE = (MS_DOMAIN, ORT_SKIP_NORM)
+
     def __init__(self, keep_sum: bool) -> None:
         super().__init__(name=ORT_SKIP_NORM + (" (sum read)" if keep_sum else ""))
         self.keep_sum = keep_sum
@@ -109,8 +113,9 @@ class SkipSimplified(pattern.RewriteRuleClassBase):
 
     def pattern(self, op, x, skip, gamma):
         names = ["y", "mean", "inv_std_var", "total"] if self.keep_sum else ["y"]
-        outs = op.SkipSimplifiedLayerNormalization(
-            x, skip, gamma, _domain=MS_DOMAIN, _allow_other_inputs=True, _outputs=names
+        domain, op_type = self.SOURCE
+        outs = getattr(op, op_type)(
+            x, skip, gamma, _domain=domain, _allow_other_inputs=True, _outputs=names
         )
         return (outs[0], outs[3]) if self.keep_sum else outs
 
@@ -180,14 +185,31 @@ class Scale:
         return out
 
 
+def _sources() -> list[tuple[tuple[str, str], Callable[[], pattern.RewriteRule]]]:
+    """Each source-form rule with the (domain, op) it applies to; for the skip op, the rule
+    that leaves out S first."""
+    found = [((domain, op), partial(StandardNorm.rule, op)) for op, (domain, _) in NORMS.items()]
+    skip = [(SkipSimplified.SOURCE, partial(SkipSimplified.rule, k)) for k in (False, True)]
+    return found + skip
+
+
 def rules() -> list[pattern.RewriteRule]:
-    """The source-form rules; for the skip op, the one that leaves out S first."""
-    found = [StandardNorm.rule(op_type) for op_type in NORMS]
-    return [*found, SkipSimplified.rule(False), SkipSimplified.rule(True)]
+    """The source-form rules, in the order they are tried."""
+    return [make() for _, make in _sources()]
+
+
+def source_ops() -> frozenset[tuple[str, str]]:
+    """The (domain, op) pairs the rules apply to ("" for the default domain)."""
+    return frozenset(op for op, _ in _sources())
+
+
+def is_source_op(domain: str, op_type: str) -> bool:
+    """Whether a rule of this module applies to ``domain::op_type`` ("ai.onnx" is "")."""
+    return ("" if domain == "ai.onnx" else domain, op_type) in source_ops()
 
 
 def is_source(node: ir.Node) -> bool:
-    return (node.domain, node.op_type) in SOURCE_OPS
+    return is_source_op(node.domain, node.op_type)
 
 
 def tag_ours(nodes) -> None:

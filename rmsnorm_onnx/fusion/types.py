@@ -29,7 +29,7 @@ from onnx import defs
 from ..onnx_io import all_tensors, without_defaults
 from ..op_schema import MS_DOMAIN
 from .algebra import STATISTIC_OPS
-from .sources import SOURCE_OPS
+from .sources import is_source
 from .values import negatives_unknown
 
 _log = logging.getLogger(__name__)
@@ -41,16 +41,12 @@ def _untyped(model: ir.Model) -> list[ir.Value]:
     found = []
     for node in model.graph:
         near = node.domain in ("", "ai.onnx") and node.op_type in _NEAR_A_NORM
-        if not near and (node.domain, node.op_type) not in SOURCE_OPS:
+        if not near and not is_source(node):
             continue
         found += [v for v in node.inputs if v is not None and (v.dtype is None or v.shape is None)]
     # the norm ops' own outputs are the raise rules' business: ORT's inference gives
     # SimplifiedLayerNormalization's Y the type of X, where the op gives it the scale's
-    return [v for v in found if v.producer() is None or not _is_source(v.producer())]
-
-
-def _is_source(node: ir.Node) -> bool:
-    return (node.domain, node.op_type) in SOURCE_OPS
+    return [v for v in found if v.producer() is None or not is_source(v.producer())]
 
 
 class Inferred:
@@ -245,7 +241,7 @@ def fill(model: ir.Model, inferred: Inferred) -> int:
     if merged:
         by_name = _typed(inferred.merged())
         for node in model.graph:
-            if _is_source(node):  # as above: the raise rules type what the norm ops give
+            if is_source(node):  # as above: the raise rules type what the norm ops give
                 continue
             for value in node.outputs:
                 info = by_name.get(value.name or "")
