@@ -34,7 +34,7 @@ ORT_SKIP_NORM = "SkipSimplifiedLayerNormalization"  # onnxruntime's, in MS_DOMAI
 ONNX_NORM = "RMSNormalization"  # ONNX's, opset 23
 NORM_OPS = (*OP_TYPES, ONNX_NORM, ORT_NORM, ORT_SKIP_NORM)  # each computes a whole RMSNorm
 
-_FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+_FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)", "tensor(double)"]
 
 
 def opset_import() -> onnx.OperatorSetIdProto:

@@ -16,7 +16,11 @@ from onnx import TensorProto, helper, numpy_helper
 from rmsnorm_onnx import onnx_io, op_schema
 from rmsnorm_onnx.reference import rms_norm
 
-ONNX_TYPE = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
+ONNX_TYPE = {
+    np.float32: TensorProto.FLOAT,
+    np.float16: TensorProto.FLOAT16,
+    np.float64: TensorProto.DOUBLE,
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -384,3 +384,42 @@ def test_a_norm_op_of_another_domain_is_tried(monkeypatch) -> None:
     feeds = _feeds(original)
     want = rms_norm(feeds["x"], numpy_helper.to_array(original.graph.initializer[0]), epsilon=1e-4)
     np.testing.assert_allclose(run(fused, feeds)[0], want, rtol=1e-5, atol=1e-6)
+
+
+F64 = TensorProto.DOUBLE
+
+
+def _plain_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnxruntime without our library (a file of ours runs our ops' function bodies)."""
+    import onnxruntime as ort
+
+    data = model.SerializeToString()
+    return ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("target", ["custom", "contrib", "standard", "decomposed"])
+@pytest.mark.parametrize("op_type", [SLN, RMSN])
+def test_a_double_norm_op_converts_to_every_target(op_type: str, target: str) -> None:
+    """onnxruntime's and ONNX's norm ops on double were left alone ("on an input of type
+    DOUBLE"): each computes double in double in onnxruntime, as ours does."""
+    original = norm_model(op_type, F64, F64, epsilon=1e-4)
+    fused, report = fuse(original, target=target)
+    assert sum(report.converted.values()) == 1 and not report.skipped, report.summary(True)
+    feeds = _feeds(original)
+    want = rms_norm(feeds["x"], numpy_helper.to_array(original.graph.initializer[0]), epsilon=1e-4)
+    (original_y,) = _plain_run(original, feeds)
+    (got,) = _plain_run(fused, feeds)
+    assert got.dtype == original_y.dtype == np.float64
+    np.testing.assert_allclose(original_y, want, rtol=1e-9)  # (epsilon a float32 attribute)
+    rtol, atol = tolerance("float32" if target == "custom" else "float64")
+    np.testing.assert_allclose(got, original_y, rtol=rtol, atol=atol)
+
+
+def test_a_double_x_with_a_float32_scale_is_left_with_reason() -> None:
+    """Y takes the scale's type: a half X is cast up to a float32 scale exactly, a double X
+    would be rounded down to it (the op computes that in double)."""
+    original = norm_model(SLN, F64, F32)
+    fused, report = fuse(original)
+    assert [n.op_type for n in fused.graph.node] == [SLN]
+    [skip] = report.skipped
+    assert "X is DOUBLE, the scale FLOAT" in skip.reason

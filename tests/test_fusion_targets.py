@@ -238,3 +238,73 @@ def test_standard_on_bfloat16_says_what_onnxruntime_cpu_cannot_run() -> None:
         fuse(model, target="standard", verify=True)
     except RMSNormOnnxError as e:
         assert str(e).startswith("verify: onnxruntime cannot"), e
+
+
+DOUBLE = [
+    Variant(dtype=np.float64),
+    Variant(dtype=np.float64, scale="none", bias=True),
+    Variant(dtype=np.float64, shape=(2, 3, 4, 8), axes=(-2, -1)),
+    Variant(dtype=np.float64, eps="outside"),  # contrib and standard: plain ops
+]
+
+
+@pytest.mark.parametrize("target", [*OP, "decomposed"])
+@pytest.mark.parametrize("v", DOUBLE, ids=lambda v: v.id)
+def test_a_double_norm_converts_for_every_target(target: str, v: Variant) -> None:
+    """Double norms were left alone for every target ("the input is DOUBLE"): ONNX's
+    RMSNormalization, onnxruntime's SimplifiedLayerNormalization and our op take double and
+    compute it in double. The custom file is checked here without our library: onnxruntime
+    inlines the op's function body, onnx's ReferenceEvaluator runs it."""
+    original = build(v)
+    fused, report = fuse(original, target=target)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    ops = op_types(fused)
+    written = OP.get(target) if v.eps != "outside" or target == "custom" else None
+    assert ops.count(written) == 1 if written else not set(OP.values()) & set(ops), ops
+    if target != "contrib":  # onnx has no schema for ORT's contrib op
+        op_schema.register()
+        onnx.checker.check_model(fused, full_check=True)
+    inputs = feeds(v)
+    want = expected(v, inputs)
+    import onnxruntime as ort
+
+    plain = ort.InferenceSession(fused.SerializeToString(), providers=["CPUExecutionProvider"])
+    outputs = [plain.run(None, inputs)[0]]
+    if target != "contrib":
+        outputs.append(ReferenceEvaluator(fused).run(None, inputs)[0])
+    # (the ε of every norm op is a float32 attribute: a double ε rounds to it, a change far
+    # below float64's tolerance on rows whose mean square is near 1)
+    rtol, atol = tolerance(np.float64 if target != "custom" else np.float32)
+    for got in outputs:
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def test_a_double_norm_computed_in_float32_keeps_its_casts() -> None:
+    """Cast(RMSNorm(Cast(x, float32)), double): the norm of x rounded to float32. Our op on a
+    double x computes it in double, so the Casts stay (they go around a half x only)."""
+    v = Variant(dtype=np.float64, cast="before-scale")
+    original = build(v)
+    fused, report = fuse(original)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    assert op_types(fused).count("Cast") == 2, op_types(fused)
+    [norm] = [n for n in fused.graph.node if n.op_type == OP["custom"]]
+    cast = next(n for n in fused.graph.node if norm.input[0] in n.output)
+    assert cast.op_type == "Cast" and helper.get_attribute_value(cast.attribute[0]) == 1
+
+
+def test_contrib_writes_a_double_residual_norm_as_add_and_its_norm() -> None:
+    """onnxruntime's SkipSimplifiedLayerNormalization takes no double (its
+    SimplifiedLayerNormalization does): the file would not load."""
+    import onnxruntime as ort
+
+    v, r = Variant(dtype=np.float64), Residual()
+    original = with_residual(v, r)
+    fused, report = fuse(original, target="contrib")
+    assert report.with_skip == 1 and op_types(fused) == ["Add", OP["contrib"]], op_types(fused)
+    assert any("takes no DOUBLE" in note for note in report.notes), report.notes
+    inputs = residual_feeds(v, r)
+    sess = ort.InferenceSession(fused.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = run(original, inputs)[0]
+    rtol, atol = tolerance(np.float64)
+    np.testing.assert_allclose(sess.run(None, inputs)[0], want, rtol=rtol, atol=atol)

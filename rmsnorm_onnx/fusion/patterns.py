@@ -18,7 +18,7 @@ from onnxscript.rewriter import pattern
 
 from .. import op_schema
 from .canonical import PATTERN_TAG, SOURCE_TAG
-from .values import FLOAT_TYPES, fits_normalized, leading_ones, one_plus_constant, squeezed
+from .values import COMPUTE_TYPE, fits_normalized, leading_ones, one_plus_constant, squeezed
 
 
 def emit(
@@ -113,7 +113,7 @@ class AbsorbCast(pattern.RewriteRuleClassBase):
             return result.fail("Cast around the norm: the input's element type is unknown", x)
         if to_in.as_int() != ir.DataType.FLOAT:
             return result.fail("Cast around the norm computes in a type other than float32")
-        if x.dtype not in FLOAT_TYPES:
+        if COMPUTE_TYPE.get(x.dtype) != ir.DataType.FLOAT:  # a double x is computed in double
             return result.fail(f"Cast around the norm: input is {x.dtype.name}", x)
         if to_out.as_int() != x.dtype:
             return result.fail("Cast back to a type other than the input's", normed)

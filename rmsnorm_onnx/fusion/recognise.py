@@ -39,6 +39,7 @@ from .canonical import PATTERN_TAG, SOURCE_TAG
 from .diagnose import read_outside, where
 from .report import Skip
 from .values import (
+    COMPUTE_TYPE,
     FLOAT_TYPES,
     constant_source,
     fits_normalized,
@@ -214,7 +215,7 @@ def _input(value: ir.Value, read: Product, numerator: ir.Value, ms: MeanSquare) 
         why = f"the result's type ({_dtype(value)}) is not the type of x or of an exact Cast of it"
         raise _Not(why, _SHAPE)
     if x.dtype not in FLOAT_TYPES:
-        raise _Not(f"the input is {_dtype(x)}, not float/float16/bfloat16", _SURE)
+        raise _Not(f"the input is {_dtype(x)}, not float/float16/bfloat16/double", _SURE)
     if read.narrowest < precision(x.dtype):
         raise _Not("a Cast inside the chain rounds below the input's precision", _SURE)
     if rank(x) == 0:  # x²/mean(x²) of a scalar: sign(x), which our op (rank >= 1) does not take
@@ -234,7 +235,7 @@ def _input(value: ir.Value, read: Product, numerator: ir.Value, ms: MeanSquare) 
 
 def _check_scale(scale: ir.Value, x: ir.Value, ms: MeanSquare) -> None:
     why = fits_normalized(scale, x, -ms.axis if ms.axis < 0 else None, squeeze=True)
-    if why is None and scale.dtype not in (x.dtype, ir.DataType.FLOAT):
+    if why is None and scale.dtype not in (x.dtype, COMPUTE_TYPE[x.dtype]):
         why = f"the scale is {_dtype(scale)}, X {_dtype(x)}"
     if why is not None:  # a note where it looks like a scale: a weight, not an activation
         weight = scale.const_value is not None or scale.producer() is None

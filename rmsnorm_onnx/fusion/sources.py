@@ -26,6 +26,7 @@ from .canonical import SOURCE_TAG, is_canonical
 from .patterns import emit
 from .values import (
     FLOAT_TYPES,
+    HALF_TYPES,
     default_opset,
     filled_with,
     fits_normalized,
@@ -67,7 +68,7 @@ class StandardNorm(pattern.RewriteRuleClassBase):
             why = "unknown" if x.dtype is None else x.dtype.name
             return result.fail(f"{self.op_type} on an input of type {why}", x)
         self._cast_x = scale.dtype != x.dtype
-        if self._cast_x and scale.dtype != ir.DataType.FLOAT:
+        if self._cast_x and (x.dtype not in HALF_TYPES or scale.dtype != ir.DataType.FLOAT):
             why = "unknown" if scale.dtype is None else scale.dtype.name
             return result.fail(
                 f"{self.op_type}: X is {x.dtype.name}, the scale {why} (Y takes the scale's type)",

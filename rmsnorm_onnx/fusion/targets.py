@@ -66,6 +66,11 @@ def _decomposed(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[li
     return plain_ops(b, n)
 
 
+# X's types com.microsoft::SkipSimplifiedLayerNormalization takes (onnxruntime 1.31's schema;
+# its SimplifiedLayerNormalization takes double too)
+_SKIP_OP_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
+
 def _skip_op_misfit(n: Norm) -> str | None:
     """Why ORT's SkipSimplifiedLayerNormalization cannot take this norm (its CPU kernel checks
     these: ranks 2-3, skip matching X's last two dims, a 1-D gamma of X's type), or None."""
@@ -85,6 +90,8 @@ def _skip_op_misfit(n: Norm) -> str | None:
         return "skip's first dim is not provably 1 or X's (the contrib op cannot broadcast X)"
     if n.dtype is None or n.skip.dtype != n.dtype:
         return "the types of X and skip are unknown or differ"
+    if n.dtype not in _SKIP_OP_TYPES:
+        return f"the contrib skip op takes no {n.dtype.name} (onnxruntime's schema)"
     if n.bias is not None and n.bias.dtype != n.dtype:  # it would be added after rounding Y
         return "the bias's type differs from X's"
     if n.scale is not None:

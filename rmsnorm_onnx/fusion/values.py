@@ -14,7 +14,10 @@ import onnx_ir as ir
 from ..errors import InvalidModelError
 
 HALF_TYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})  # computed in float32
-FLOAT_TYPES = HALF_TYPES | {ir.DataType.FLOAT}
+# X's element types our ops take -> the type they compute in (a scale or bias may have either)
+COMPUTE_TYPE = {t: ir.DataType.FLOAT for t in (*HALF_TYPES, ir.DataType.FLOAT)}
+COMPUTE_TYPE[ir.DataType.DOUBLE] = ir.DataType.DOUBLE
+FLOAT_TYPES = frozenset(COMPUTE_TYPE)
 _MAX_READ = 1 << 20  # elements: constants bigger than this are never read
 
 
