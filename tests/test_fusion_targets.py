@@ -308,3 +308,73 @@ def test_contrib_writes_a_double_residual_norm_as_add_and_its_norm() -> None:
     want = run(original, inputs)[0]
     rtol, atol = tolerance(np.float64)
     np.testing.assert_allclose(sess.run(None, inputs)[0], want, rtol=rtol, atol=atol)
+
+
+def _biased_residual(v: Variant, r: Residual, bias_first: bool = False) -> onnx.ModelProto:
+    """``with_residual(v, r)`` with a bias added to the sum before the norm: Add(Add(a, skip),
+    bias) -> norm; what read the sum reads the biased sum."""
+    from onnx import numpy_helper
+
+    model = with_residual(v, r)
+    graph = model.graph
+    for node in graph.node:
+        node.input[:] = ["hb" if i == "h" else i for i in node.input]
+    for out in graph.output:
+        out.name = "hb" if out.name == "h" else out.name
+    bias = np.random.default_rng(5).standard_normal(v.shape[-1]).astype(v.dtype)
+    graph.initializer.append(numpy_helper.from_array(bias, "bias"))
+    operands = ["bias", "h"] if bias_first else ["h", "bias"]
+    graph.node.insert(1, helper.make_node("Add", operands, ["hb"], name="add_bias"))
+    return model
+
+
+BIASED = {
+    "plain": (Residual(), False),
+    "bias-first": (Residual(skip_first=True), True),
+    "sum-read-after": (Residual(read="after"), False),
+    "sum-read-before": (Residual(read="before"), True),
+    "sum-is-output": (Residual(read="output"), False),
+    "skip-SH": (Residual(skip_shape=(3, 16)), False),
+}
+
+
+@pytest.mark.parametrize("case", list(BIASED))
+@pytest.mark.parametrize(
+    "v", [Variant(), Variant(scale="none", root="div")], ids=["scale", "no-scale"]
+)
+def test_contrib_takes_a_pre_norm_bias_into_its_skip_op(v: Variant, case: str) -> None:
+    """Add(Add(a, skip), bias) -> norm was written as Add + Add + SimplifiedLayerNormalization;
+    onnxruntime's skip op takes the bias (input 3, added to a + skip before the norm, its sum
+    output including it), as onnxscript writes it: one node, the sum bit for bit."""
+    import onnxruntime as ort
+
+    r, bias_first = BIASED[case]
+    original = _biased_residual(v, r, bias_first)
+    fused, report = fuse(original, target="contrib")
+    ops = op_types(fused)
+    assert ops.count(op_schema.ORT_SKIP_NORM) == 1 and "Add" not in ops, report.summary(True)
+    [node] = [n for n in fused.graph.node if n.op_type == op_schema.ORT_SKIP_NORM]
+    assert node.input[3] == "bias"
+    assert (len(node.output) == 4 and node.output[3] != "") is (r.read != "none")
+    inputs = residual_feeds(v, r)
+    want = run(original, inputs)
+    sess = ort.InferenceSession(fused.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, inputs)
+    rtol, atol = tolerance(v.dtype)
+    np.testing.assert_allclose(got[0], want[0], rtol=rtol, atol=atol)
+    for g, w in zip(got[1:], want[1:], strict=True):  # the sum, or what reads it
+        np.testing.assert_array_equal(g, w)
+
+
+def test_contrib_keeps_a_half_pre_norm_bias_apart() -> None:
+    """onnxruntime's half skip op rounds a + skip + bias once (in float32), the graph's two half
+    Adds twice: not the same sum, so the Adds stay, said once."""
+    v, r = Variant(dtype=F16, cast="before-scale"), Residual(read="after")
+    original = _biased_residual(v, r)
+    fused, report = fuse(original, target="contrib")
+    assert op_types(fused).count("Add") == 2 and op_schema.ORT_SKIP_NORM not in op_types(fused)
+    assert any("rounds the sum once" in note for note in report.notes), report.notes
+    inputs = residual_feeds(v, r)
+    got, want = run(fused, inputs), run(original, inputs)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-3, atol=1e-3)
+    np.testing.assert_array_equal(got[1], want[1])

@@ -115,6 +115,10 @@ class Builder:
         self.norm = norm
         self.domains: set[str] = set()
         self.unused: list[ir.Value] = []  # outputs to leave unnamed (not computed)
+        # nodes in front of the norm the lowering took in (a residual Add and its bias), and
+        # (their value, the new value that replaces it for its other readers)
+        self.taken: list[ir.Node] = []
+        self.replaced: list[tuple[ir.Value, ir.Value]] = []
 
     def __call__(self, op_type: str, *inputs: ir.Value | None, **attrs) -> ir.Value:
         return self.tape.op(op_type, list(inputs), attrs or None)
@@ -278,9 +282,18 @@ def _canonical_nodes(model: ir.Model) -> Iterator[tuple[ir.Node, int, ir.Graph |
 
 def _replace(b: Builder, n: Norm, outputs: list[ir.Value]) -> None:
     old = list(n.node.outputs)[: len(outputs)]  # Y, and S where it is read
+    old += [value for value, _ in b.replaced]
+    graph = n.node.graph
     ir.convenience.replace_nodes_and_values(
-        n.node.graph, n.node, [n.node], b.tape.nodes, old, outputs
+        graph,
+        n.node,
+        [n.node, *b.taken],
+        b.tape.nodes,
+        old,
+        [*outputs, *(v for _, v in b.replaced)],
     )
+    if b.replaced:  # a reader of a value taken in may sit before the norm that now makes it
+        graph.sort()
 
 
 def _drop_unused_imports(model: ir.Model) -> None:

@@ -25,6 +25,7 @@ import onnx_ir as ir
 
 from .. import target_names
 from ..op_schema import MS_DOMAIN, ONNX_NORM, OP_TYPE, ORT_NORM, ORT_SKIP_NORM
+from . import skip
 from .dims import Dims
 from .lower import (
     Builder,
@@ -38,6 +39,7 @@ from .lower import (
     typed_norm,
 )
 from .opset import STANDARD_OPSET
+from .values import constant_source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +113,12 @@ def _hidden_sized(scale: ir.Value, x: ir.Value, proof: Dims) -> bool:
     return scale.shape is not None and len(scale.shape) == 1 and proof.equal(scale, 0, x, -1)
 
 
-def _skip_op(b: Builder, n: Norm) -> tuple[list[ir.Value], str]:
-    """com.microsoft::SkipSimplifiedLayerNormalization; its unread mean and inv_std_var left
-    unnamed. Its gamma must be 1-D of the hidden size: a one-element scale is expanded to it."""
+def _skip_op(
+    b: Builder, n: Norm, pre_bias: ir.Value | None = None, wants_sum: bool | None = None
+) -> tuple[ir.Value, ir.Value]:
+    """com.microsoft::SkipSimplifiedLayerNormalization (Y and its output 3, the sum); its unread
+    mean and inv_std_var left unnamed. Its gamma must be 1-D of the hidden size: a one-element
+    scale is expanded to it. ``pre_bias``: its bias input, added to X + skip before the norm."""
     if n.scale is None:
         gamma = b.ones(n.x, -1)
     elif _one_element(n.scale):
@@ -122,14 +127,80 @@ def _skip_op(b: Builder, n: Norm) -> tuple[list[ir.Value], str]:
         gamma = n.scale
     outs = b.tape.op_multi_out(
         ORT_SKIP_NORM,
-        [n.x, n.skip, gamma],
+        [n.x, n.skip, gamma] + ([pre_bias] if pre_bias is not None else []),
         {"epsilon": n.epsilon},
-        num_outputs=4 if n.wants_sum else 1,
+        num_outputs=4 if (n.wants_sum if wants_sum is None else wants_sum) else 1,
         domain=MS_DOMAIN,
     )
     b.domains.add(MS_DOMAIN)
     b.unused += outs[1:3]
-    return outputs(n, add_bias(b, n, outs[0]), outs[-1]), label(n, ORT_SKIP_NORM)
+    return add_bias(b, n, outs[0]), outs[-1]
+
+
+def _biased_residual(n: Norm) -> tuple[Norm, ir.Value] | str | None:
+    """``Add(Add(a, b), bias) -> norm`` (onnxscript writes one skip op with its bias input): the
+    norm as a skip norm of a and b, and the bias; why not where only the op's contract stands in
+    the way; None where the norm reads no such sum."""
+    if n.skip is not None:
+        return None
+    biased = _default_add(n.x)
+    if biased is None:
+        return None
+    bias, total = biased
+    inner = None if total is None else _default_add(total, constant=False)
+    if inner is None or total.is_graph_output() or len(total.uses()) != 1:
+        return None
+    found = skip.x_and_skip(*inner, n.axis, Dims())
+    if isinstance(found, str):
+        return None
+    skipped = dataclasses.replace(n, x=found[0], skip=found[1])
+    why = _skip_op_misfit(skipped)
+    if why is None and (n.dtype != ir.DataType.FLOAT or bias.dtype != n.dtype):
+        why = (  # onnxruntime 1.31's kernel rounds a half x + skip + bias once, in float32
+            "a half residual's pre-norm bias is added apart: the graph rounds x + skip, then "
+            "+ bias, where the contrib skip op rounds the sum once"
+        )
+    if why is None and not _hidden_sized(bias, n.x, Dims()):
+        why = "the pre-norm bias is not a 1-D tensor of the hidden size"
+    return (skipped, bias) if why is None else why
+
+
+def _default_add(value: ir.Value, constant: bool = True) -> tuple[ir.Value, ir.Value] | None:
+    """(the constant operand, the other) of an Add making ``value`` (``constant``), or its two
+    activations; None where it is no such Add."""
+    node = value.producer()
+    if node is None or node.op_type != "Add" or node.domain not in ("", "ai.onnx"):
+        return None
+    if len(node.inputs) != 2 or None in node.inputs:
+        return None
+    a, c = node.inputs
+    fixed = [constant_source(v) is not None for v in (a, c)]
+    if not constant:
+        return (a, c) if not any(fixed) else None
+    if fixed == [True, False]:
+        a, c = c, a
+    return (c, a) if fixed.count(True) == 1 else None
+
+
+def _skip_norm_op(b: Builder, n: Norm) -> tuple[list[ir.Value], str]:
+    y, total = _skip_op(b, n)
+    return outputs(n, y, total), label(n, ORT_SKIP_NORM)
+
+
+def _biased_skip_op(
+    b: Builder, n: Norm, skipped: Norm, bias: ir.Value
+) -> tuple[list[ir.Value], str]:
+    """The skip op with its bias input in place of Add(Add(a, b), bias) and the norm: the Adds
+    go, the sum's other readers read the op's output 3 (onnxruntime sums as the two float32
+    Adds do, bit for bit)."""
+    add_total = n.x.producer()
+    total = next(v for v in add_total.inputs if v is not bias)
+    read = bool(len(n.x.uses()) > 1 or n.x.is_graph_output())
+    y, s = _skip_op(b, skipped, pre_bias=bias, wants_sum=read)
+    b.taken += [add_total, total.producer()]
+    if read:
+        b.replaced.append((n.x, s))
+    return [y], label(n, f"{ORT_SKIP_NORM} (residual Add and bias taken in)")
 
 
 def _norm_op(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
@@ -145,10 +216,15 @@ def _norm_op(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[
 
 def _contrib(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
     if n.skip is None:
+        biased = _biased_residual(n)
+        if isinstance(biased, tuple):
+            return _biased_skip_op(b, n, *biased)
+        if biased is not None:
+            notes[f"residual Add + bias Add + {t.op_type} kept: {biased}"] += 1
         return _norm_op(t, b, n, notes)
     why = _skip_op_misfit(n)
     if why is None:
-        return _skip_op(b, n)
+        return _skip_norm_op(b, n)
     notes[f"SkipRMSNorm written as Add + {t.op_type}: {why}"] += 1
     return _norm_op(t, b, n, notes)
 
