@@ -25,9 +25,9 @@ import numpy as np
 import onnx_ir as ir
 
 from .values import (
+    computed_integers,
     constant_array,
     constant_integers,
-    dim_number,
     filled_with,
     no_wider_than,
     rank,
@@ -350,7 +350,7 @@ class Reader:
             return Product.leaf(value)
         const = constant_array(src, max_size=1)
         if const is None:
-            const = dim_number(src)  # Cast(Gather(Shape(x), -1)): the size of a static dim
+            const = computed_integers(src)  # Cast(Gather(Shape(x), -1)): a static dim's size
         if const is not None and const.size == 1 and _is_number(const):  # Cast(N) of an int N
             number = const.reshape(()).astype(value.dtype.numpy())
             return Product(coef=float(number), const_ndim=const.ndim)

@@ -105,10 +105,17 @@ def _operands(node: ir.Node, read, count: int | None = None) -> list[np.ndarray]
 
 def _shape_of(node: ir.Node, read) -> np.ndarray | None:
     """Shape(t)[start:end] where those dims of t are static numbers."""
+    dims = _known_dims(node)
+    return None if dims is None or (dims < 0).any() else dims
+
+
+def _known_dims(node: ir.Node) -> np.ndarray | None:
+    """Shape(t)[start:end], -1 for a dim that is not a static number (some exporters write a
+    dynamic dim as -1 too)."""
     dims = _shape_slice(node)
-    if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
-        return None  # (some exporters write a dynamic dim as -1)
-    return np.array(dims, np.int64)
+    if dims is None:
+        return None
+    return np.array([d if isinstance(d, int) and d >= 0 else -1 for d in dims], np.int64)
 
 
 def _shape_slice(node: ir.Node) -> list | None:
@@ -149,12 +156,17 @@ def _range(node: ir.Node, read) -> np.ndarray | None:
 
 
 def _gather(node: ir.Node, read) -> np.ndarray | None:
-    args = _operands(node, read, 2)
-    if args is None:
+    """Also Gather(Shape(t), i) where the dims it picks are static, whatever the others are
+    (TorchScript's ``x.shape[-1]`` under dynamic batch and sequence axes)."""
+    data, indices = (read(v) if v is not None else None for v in (*node.inputs, None)[:2])
+    shape_node = node.inputs[0].producer() if data is None and node.inputs[0] else None
+    if shape_node is not None and _is_default_op(shape_node, "Shape"):
+        data = _known_dims(shape_node)
+    if data is None or indices is None:
         return None
-    data, indices = args
     axis = node.attributes.get_int("axis", 0)
-    return np.take(data, indices.astype(np.int64), axis=axis)  # (negative indices wrap)
+    picked = np.take(data, indices.astype(np.int64), axis=axis)  # (negative indices wrap)
+    return None if shape_node is not None and (picked < 0).any() else picked
 
 
 def _concat(node: ir.Node, read) -> np.ndarray | None:
@@ -282,33 +294,6 @@ def reshaped_constant(value: ir.Value | None) -> np.ndarray | None:
     if array is None or source is value:
         return array
     return array.reshape(tuple(value.shape))
-
-
-def dim_number(value: ir.Value | None) -> np.ndarray | None:
-    """A dim of a tensor read at run time whose size the graph fixes: Gather(Shape(t), i) with a
-    constant i (TorchScript's ``x.shape[-1]`` under dynamic batch and sequence axes), where t's
-    dim is a known number; its size, shaped as i. None otherwise."""
-    node = None if value is None else value.producer()
-    if node is None or node.op_type != "Gather" or node.domain not in DEFAULT_DOMAINS:
-        return None
-    shape_node = node.inputs[0].producer() if node.inputs[0] is not None else None
-    index = constant_array(node.inputs[1] if len(node.inputs) > 1 else None, max_size=1)
-    if shape_node is None or shape_node.op_type != "Shape" or index is None or index.size != 1:
-        return None
-    if shape_node.domain not in DEFAULT_DOMAINS or node.attributes.get_int("axis", 0) != 0:
-        return None
-    tensor = shape_node.inputs[0]
-    if tensor is None or tensor.shape is None:
-        return None
-    dims = list(tensor.shape)
-    start, end = (
-        shape_node.attributes.get_int(k, d) for k, d in (("start", 0), ("end", len(dims)))
-    )
-    dims = dims[slice(start, end)]
-    i = int(index.reshape(()))
-    if not -len(dims) <= i < len(dims) or not isinstance(dims[i], int) or dims[i] < 0:
-        return None  # (some exporters write a dynamic dim as -1)
-    return np.full(index.shape, dims[i], np.int64)
 
 
 def scalar(value: ir.Value | None) -> float | None:
