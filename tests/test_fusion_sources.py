@@ -187,12 +187,29 @@ def test_skip_op_with_statistics_read_is_left_with_reason(read: str) -> None:
     assert f"output '{read}' of {SKIP_SLN}" in skip.reason
 
 
-def test_skip_op_with_pre_norm_bias_is_left_with_reason() -> None:
-    original = skip_model(F32, ("y", "sum"), bias=True)
+def test_skip_op_with_half_pre_norm_bias_is_left_with_reason() -> None:
+    original = skip_model(F16, ("y", "sum"), bias=True)
     fused, report = fuse(original)
     assert [n.op_type for n in fused.graph.node] == [SKIP_SLN]
     [skip] = report.skipped
     assert "pre-norm bias" in skip.reason
+
+
+@pytest.mark.parametrize("outputs", [("y",), ("y", "sum")], ids=["y", "y+sum"])
+def test_skip_op_with_float32_pre_norm_bias_becomes_its_adds_and_ours(outputs) -> None:
+    """onnxruntime's float32 kernel sums x + skip, then + bias, as two Adds do: the node is
+    those Adds and our norm, and the contrib target writes it back as it was."""
+    original = skip_model(F32, outputs, bias=True, epsilon=1e-5)
+    fused, report = fuse(original)
+    assert [n.op_type for n in fused.graph.node] == ["Add", "Add", "RMSNorm"]
+    assert dict(report.converted) == {f"{SKIP_SLN} → RMSNorm": 1}, report.summary(True)
+    _check_equal(original, fused, "float32")
+    feeds = _feeds(original)
+    for got, want in zip(run(fused, feeds)[1:], run(original, feeds)[1:], strict=True):
+        np.testing.assert_array_equal(got, want)  # the sum, bit for bit
+    back, _ = fuse(fused, target="contrib")
+    [node] = back.graph.node
+    assert node.op_type == SKIP_SLN and list(node.input) == list(original.graph.node[0].input)
 
 
 def test_ours_are_canonical_already() -> None:

@@ -103,6 +103,9 @@ class SkipSimplified(pattern.RewriteRuleClassBase):
 
     ``keep_sum``: output 3 (input + skip) is read and becomes S. Outputs 1 and 2 (mean,
     inv_std_var) must be unread; the matcher refuses a node whose unmatched outputs are used.
+    With its bias (input 3, added to X + skip before the norm, output 3 including it), float32
+    only: RMSNorm(Add(Add(X, skip), bias)), the sum as onnxruntime's kernel computes it, bit for
+    bit; a half one sums in float32 and rounds once, which two Adds would not.
     """
 
     SOURCE = (MS_DOMAIN, ORT_SKIP_NORM)
@@ -128,11 +131,12 @@ class SkipSimplified(pattern.RewriteRuleClassBase):
                 return result.fail(f"output '{stat.name}' of {ORT_SKIP_NORM} '{node.name}' is read")
         if self.keep_sum and len(node.outputs) < 4:  # onnxscript 0.7 lets the binding pass
             return result.fail(f"{ORT_SKIP_NORM} without its sum output")
-        if len(node.inputs) > 3 and node.inputs[3] is not None:
+        bias = _pre_norm_bias(node)
+        if bias is not None and {x.dtype, skip.dtype, bias.dtype} != {ir.DataType.FLOAT}:
             return result.fail(
-                f"{ORT_SKIP_NORM} with a pre-norm bias: SkipRMSNorm has none, and adding it apart "
-                "would round the sum twice",
-                node.inputs[3],
+                f"{ORT_SKIP_NORM} with a pre-norm bias, not float32: SkipRMSNorm has none, and "
+                "adding it apart would round the sum twice",
+                bias,
             )
         if x.dtype not in FLOAT_TYPES:
             return result.fail(f"{ORT_SKIP_NORM}: the input's element type is unknown", x)
@@ -146,7 +150,18 @@ class SkipSimplified(pattern.RewriteRuleClassBase):
         attrs = {"epsilon": eps, "axis": -1}
         n = 2 if self.keep_sum else 1
         gamma = self._scale.squeezed(op, gamma)
-        return emit(op, [x, skip, gamma], attrs, None, ORT_SKIP_NORM, op_schema.SKIP_OP_TYPE, n)
+        bias = _pre_norm_bias(y.producer())
+        if bias is None:
+            return emit(op, [x, skip, gamma], attrs, None, ORT_SKIP_NORM, op_schema.SKIP_OP_TYPE, n)
+        total = op.Add(op.Add(x, skip), bias)
+        for value in (total, total.producer().inputs[0]):  # X's: the skip op's outputs have it
+            value.dtype, value.shape = x.dtype, x.shape
+        normed = emit(op, [total, gamma], attrs, None, ORT_SKIP_NORM)
+        return (normed, total) if self.keep_sum else normed
+
+
+def _pre_norm_bias(node: ir.Node) -> ir.Value | None:
+    return node.inputs[3] if len(node.inputs) > 3 else None
 
 
 class Scale:
