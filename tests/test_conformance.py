@@ -162,3 +162,53 @@ def test_onnx_layer_norm_expanded_is_left_alone(case, target):
     assert report.fused_count == 0 and not report.converted, report.summary(verbose=True)
     assert [n.op_type for n in fused.graph.node] == [n.op_type for n in case.model.graph.node]
     _run_case(fused, case)
+
+
+def _schema_body_model(elem: int) -> onnx.ModelProto:
+    """RMSNormalization(X [B, S, 64], W) as ONNX's schema defines it, its function body inlined
+    (what a runtime or tool inlining the op sees), the batch and sequence dims dynamic."""
+    import onnx.inliner
+    from onnx import defs
+
+    node = helper.make_node("RMSNormalization", ["X", "W"], ["Y"], epsilon=1e-6)
+    types = [helper.make_tensor_type_proto(elem, shape) for shape in (["B", "S", 64], [64])]
+    body = onnx.FunctionProto()
+    body.ParseFromString(
+        defs.get_schema("RMSNormalization", 23).get_context_dependent_function(
+            node.SerializeToString(), [t.SerializeToString() for t in types]
+        )
+    )
+    body.domain, body.name = "local", "RMSNormalization"
+    call = helper.make_node("RMSNormalization", ["X", "W"], ["Y"], domain="local")
+    w = np.linspace(0.5, 1.5, 64).astype(helper.tensor_dtype_to_np_dtype(elem))
+    graph = helper.make_graph(
+        [call],
+        "g",
+        [helper.make_tensor_value_info("X", elem, ["B", "S", 64])],
+        [helper.make_tensor_value_info("Y", elem, ["B", "S", 64])],
+        [onnx.numpy_helper.from_array(w, "W")],
+    )
+    opsets = [helper.make_opsetid("", 23), helper.make_opsetid("local", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, functions=[body], ir_version=10)
+    return onnx.inliner.inline_local_functions(model)
+
+
+@pytest.mark.parametrize("target", list(TARGET_OPS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+def test_onnx_function_body_with_dynamic_dims_fuses(dtype, target):
+    """ONNX's own body: axes Range(axis, Size(Shape(X))), constant wherever the rank is."""
+    import onnxruntime as ort
+
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = _schema_body_model(elem)
+    assert "Range" in [n.op_type for n in model.graph.node]
+    fused, report = fuse(model, target=target)
+    assert report.fused_count == 1, report.summary(verbose=True)
+    assert "Range" not in [n.op_type for n in fused.graph.node]
+    x = np.random.default_rng(0).standard_normal((2, 5, 64)).astype(dtype)
+    plain = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = plain.run(None, {"X": x})[0]
+    got = session(fused).run(None, {"X": x})[0]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    rtol, atol = reference.tolerance(dtype)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=atol)
