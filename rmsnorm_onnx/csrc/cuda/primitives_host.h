@@ -64,7 +64,7 @@ struct HostPrimitives {
   static float ToFloat(float v) { return v; }
   template <DType D>
   static float ToFloat(HostElement<D> v) {
-    return Scalar<D>::ToFloat(v.bits);
+    return Scalar<D>::ToCompute(v.bits);
   }
   template <typename T>
   static T FromFloat(float v) {
@@ -76,7 +76,7 @@ struct HostPrimitives {
   }
   template <DType D>
   static HostElement<D> FromFloatTo(float v, HostElement<D>*) {
-    return {Scalar<D>::FromFloat(v)};
+    return {Scalar<D>::FromCompute(v)};
   }
   static float Sqrt(float v) { return std::sqrt(v); }
   static float Rsqrt(float v) { return 1.0f / std::sqrt(v); }
