@@ -27,6 +27,8 @@ def compute_dtype(dt: np.dtype) -> np.dtype:
     """X's compute type (dtype.h): float32, float64 for float64; the other type a scale or
     bias may have."""
     return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+
+
 # the library takes element types as ONNX numbers (TensorProto.DataType), as dtype.h has them
 ONNX_TYPES = {name: helper.np_dtype_to_tensor_dtype(dt) for name, dt in DTYPES.items()}
 MODES = ("warp", "block")  # launch_choice.h's Mode

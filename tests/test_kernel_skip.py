@@ -357,11 +357,21 @@ def test_float32_residual_stream_at_every_row_alignment(rng, monkeypatch, dtype,
     [
         # a float32 skip is the stream of a half X only
         ("float32", "float16", None, r"skip has type tensor\(float16\); it must have X's type"),
-        ("float16", "float64", None, r"skip has type tensor\(double\); it must have X's type "
-         r"\(tensor\(float16\)\) or tensor\(float\)"),
+        (
+            "float16",
+            "float64",
+            None,
+            r"skip has type tensor\(double\); it must have X's type "
+            r"\(tensor\(float16\)\) or tensor\(float\)",
+        ),
         ("bfloat16", "float16", None, r"skip has type tensor\(float16\)"),
-        ("float64", "float32", None, r"skip has type tensor\(float\); it must have X's type "
-         r"\(tensor\(double\)\)"),
+        (
+            "float64",
+            "float32",
+            None,
+            r"skip has type tensor\(float\); it must have X's type "
+            r"\(tensor\(double\)\)",
+        ),
         # scale or bias of a third type
         ("float16", "float32", "bfloat16", r"scale has type tensor\(bfloat16\)"),
         ("float16", "float32", "float64", r"scale has type tensor\(double\)"),
