@@ -184,10 +184,9 @@ def function(
         root = b("Add", b("Sqrt", ms), eps)
     else:
         root = b("Sqrt", b("Add", ms, eps))
-    if ct == _FLOAT:
-        y = b("Div", rows, root)
-    else:  # onnxruntime 1.31 fuses the Div spelling in double too and drops epsilon (1e-5 used)
-        y = b("Mul", rows, b("Reciprocal", root))
+    # onnxruntime 1.31 fuses the Div spelling in double too, and drops epsilon (uses 1e-5)
+    fused = ct == _FLOAT
+    y = b("Div", rows, root) if fused else b("Mul", rows, b("Reciprocal", root))
     if variant.axis != "last":  # X's shape may hold zeros: they are dims, not "copy X's"
         y = b("Reshape", y, shape, **({"allowzero": 1} if opset >= _ALLOWZERO_OPSET else {}))
     if variant.scale:

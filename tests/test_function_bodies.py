@@ -106,7 +106,8 @@ def one_node_model(
 
 
 def feeds_and_expected(rng, op: str, dtype: str, params: str, axis: int, eps_outside: bool, *,
-                       skip_shape: tuple[int, ...] = SHAPE, skip_dtype: str | None = None):  # fmt: skip
+                       skip_shape: tuple[int, ...] = SHAPE,
+                       skip_dtype: str | None = None):  # fmt: skip
     """(feeds, expected Y in float64, expected S in its dtype or None)."""
     with_scale, with_bias, pdtype = PARAMS[params]
     pdtype = dtype if pdtype == "x" else pdtype
