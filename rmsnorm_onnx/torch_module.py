@@ -280,12 +280,14 @@ class RMSNorm(nn.Module):
                 f"residual_dtype={stream} carries the residual stream of a float16 or bfloat16 "
                 f"x in float32; x is {x.dtype}"
             )
-        want = stream or x.dtype
-        if residual.dtype != want:
+        if stream is None and residual.dtype != x.dtype:
             raise ResidualError(
-                f"residual must have dtype {want} ("
-                + ("residual_dtype" if stream else "x's: the sum is formed in it")
-                + f"), got {residual.dtype}"
+                f"residual must have x's dtype {x.dtype} (the sum is formed in it), got "
+                f"{residual.dtype}"
+            )
+        if stream is not None and residual.dtype != stream:
+            raise ResidualError(
+                f"residual must have the layer's residual_dtype {stream}, got {residual.dtype}"
             )
         x_shape, r_shape = _example_shape(x), _example_shape(residual)
         if x_shape is None or r_shape is None:

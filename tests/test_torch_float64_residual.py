@@ -97,7 +97,11 @@ def test_float32_residual_stream_exports_one_skip_node_with_float32_skip_and_sum
 @pytest.mark.parametrize(
     ("x_dtype", "residual_dtype", "message"),
     [
-        (torch.float16, torch.float16, r"residual must have dtype torch.float32 \(residual_dtype"),
+        (
+            torch.float16,
+            torch.float16,
+            r"residual must have the layer's residual_dtype torch.float32, got torch.float16",
+        ),
         (torch.float64, torch.float32, r"float16 or bfloat16 x in float32; x is torch.float64"),
     ],
 )
