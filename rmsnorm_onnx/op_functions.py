@@ -305,12 +305,21 @@ def has_bodies(model: onnx.ModelProto) -> bool:
 
 def _x_types(model: onnx.ModelProto) -> dict[int, tuple[int, int]]:
     """The element types of X and skip (0 for RMSNorm) of each node of ours (by the id of its
-    NodeProto), 0 where unknown, from onnx's inference on a copy whose initializers are only
-    declared (their data is never copied).
+    NodeProto), 0 where unknown: as the model declares them, else (some not declared) from
+    onnx's inference on a copy whose initializers are only declared (their data is never
+    copied; the inference is most of attach's time).
     Names are looked up from the node's graph outwards: a name can stand for tensors of other
     types in sibling subgraphs (two If branches)."""
+    found = _types_in(model, model)
+    skips = {id(n) for n in our_nodes(model) if n.op_type == op_schema.SKIP_OP_TYPE}
+    if all(x and (skip or key not in skips) for key, (x, skip) in found.items()):
+        return found
     op_schema.register()  # our ops' outputs: typed as X
-    light = inferred_without_weights(model)
+    return _types_in(model, inferred_without_weights(model))
+
+
+def _types_in(model: onnx.ModelProto, light: onnx.ModelProto) -> dict[int, tuple[int, int]]:
+    """_x_types from the declarations of ``light`` (``model`` or an inferred copy of it)."""
     found: dict[int, tuple[int, int]] = {}
 
     def walk(g: Any, inferred: Any, outer: list[dict[str, int]]) -> None:
