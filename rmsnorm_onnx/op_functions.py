@@ -9,15 +9,18 @@ onnxruntime (1.21 and 1.31, checked by profiling) runs our kernel for a node who
 registered and inlines the body otherwise; onnx's ``ReferenceEvaluator`` runs the body.
 
 A body computes what the kernels compute: X (for SkipRMSNorm S = X + skip rounded to X's type,
-the output S) in float32, divided by the root of mean(X²) + epsilon (or by the root + epsilon),
-times scale, plus bias, all in float32, cast back to X's type once. ``Div``, not ``Reciprocal`` +
+the output S) in X's compute type (float32; double for double X), divided by the root of
+mean(X²) + epsilon (or by the root + epsilon), times scale, plus bias, all in that type, cast
+back to X's type once. A SkipRMSNorm of a half X and a float32 skip (the float32 residual
+stream) keeps S = X + skip in float32, not rounded. ``Div``, not ``Reciprocal`` +
 ``Mul``: onnxruntime's optimizer fuses the inlined Div spelling into its
 SimplifiedLayerNormalization kernel (float32, and float16 through the Casts; 1.21 and 1.31).
 
 Attributes are references: one body serves every epsilon, and nodes of one op that differ in
 eps_outside or axis share a body that reads them (the fast body, last axis and epsilon inside,
 where all agree). Every float type shares a body through CastLike (opset 15 on; below, a body per
-X type). Only nodes passing other optional inputs need another body: an IR 10 overload.
+X type). Only nodes passing other optional inputs, or computing in another type (double X, a
+float32 residual stream), need another body: an IR 10 overload.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ _CASTLIKE_OPSET = 15
 _AXES_INPUT_OPSET = 18  # ReduceMean's axes moved from attribute to input
 _FLOAT = onnx.TensorProto.FLOAT
 _INT, _FLOAT_ATTR = onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT
+_COMPUTE_NAMES = {onnx.TensorProto.DOUBLE: "double"}  # a compute type other than float32
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -66,6 +70,8 @@ class Variant:
     axis: str = "last"  # normalizes the last axis alone; "any": X flattened to rows at @axis
     sum: bool = False  # SkipRMSNorm's output S is declared (its nodes without S name it '')
     elem_type: int = 0  # X's element type where the body must name it (opset < 15); 0: any
+    compute: int = _FLOAT  # what the body computes in: op_schema.COMPUTE_TYPE of X's type
+    residual: bool = False  # SkipRMSNorm: skip and S of the compute type (S not rounded)
 
     @property
     def inputs(self) -> list[str]:
@@ -83,6 +89,8 @@ class Variant:
         parts += [] if self.eps == "inside" else [f"eps_{self.eps}"]
         parts += [] if self.axis == "last" else [f"{self.axis}_axis"]
         parts += ["sum"] if self.sum else []
+        parts += [_COMPUTE_NAMES[self.compute]] if self.compute in _COMPUTE_NAMES else []
+        parts += ["residual_float"] if self.residual else []
         if self.elem_type:
             parts.append(helper.tensor_dtype_to_np_dtype(self.elem_type).name)
         return "_".join(parts) or "plain"
@@ -147,37 +155,44 @@ def function(
             return b("Cast", value, to=variant.elem_type, out=out)
         return b("CastLike", value, "X", out=out)
 
+    ct = variant.compute
     x = "X"
+    xf = ""
     if variant.op_type == op_schema.SKIP_OP_TYPE:  # in float32: CPU onnxruntime has no bf16 Add
-        total = b("Add", b("Cast", "X", to=_FLOAT), b("Cast", "skip", to=_FLOAT))
-        # float32 holds a sum of two half values exactly or far from a rounding tie: cast to
-        # X's type it is the correctly rounded sum, what an Add of X's type gives
-        x = to_x_type(total, "S")
-    xf = b("Cast", x, to=_FLOAT)
+        total = b("Add", b("Cast", "X", to=ct), b("Cast", "skip", to=ct))
+        if variant.residual:  # S in the compute type: the float32 residual stream
+            xf = b("Identity", total, out="S")
+        else:
+            # float32 holds a sum of two half values exactly or far from a rounding tie: cast to
+            # X's type it is the correctly rounded sum, what an Add of X's type gives
+            x = to_x_type(total, "S")
+    xf = xf or b("Cast", x, to=ct)
     rows, shape = (xf, "") if variant.axis == "last" else _rows(b, xf)
-    square = b("Pow", rows, b.const(np.array(2.0, np.float32)))
+    square = b("Pow", rows, b.const(np.array(2.0, helper.tensor_dtype_to_np_dtype(ct))))
     if opset >= _AXES_INPUT_OPSET:
         ms = b("ReduceMean", square, b.const(np.array([-1], np.int64)), keepdims=1)
     else:
         ms = b("ReduceMean", square, axes=[-1], keepdims=1)
     eps = b("Constant", value_float=_ref("value_float", _FLOAT_ATTR, "epsilon"))
+    if ct != _FLOAT:  # the float32 attribute, exactly, in the compute type
+        eps = b("Cast", eps, to=ct)
     if variant.eps == "either":  # exact: eps·1 and eps - eps·1 = 0, or eps·0 = 0 and eps
-        outside = b(
-            "Cast", b("Constant", value_int=_ref("value_int", _INT, "eps_outside")), to=_FLOAT
-        )
+        outside = b("Cast", b("Constant", value_int=_ref("value_int", _INT, "eps_outside")), to=ct)
         eps_out = b("Mul", eps, outside)
         root = b("Add", b("Sqrt", b("Add", ms, b("Sub", eps, eps_out))), eps_out)
     elif variant.eps == "outside":
         root = b("Add", b("Sqrt", ms), eps)
     else:
         root = b("Sqrt", b("Add", ms, eps))
-    y = b("Div", rows, root)
+    # onnxruntime 1.31 fuses the Div spelling in double too, and drops epsilon (uses 1e-5)
+    fused = ct == _FLOAT
+    y = b("Div", rows, root) if fused else b("Mul", rows, b("Reciprocal", root))
     if variant.axis != "last":  # X's shape may hold zeros: they are dims, not "copy X's"
         y = b("Reshape", y, shape, **({"allowzero": 1} if opset >= _ALLOWZERO_OPSET else {}))
     if variant.scale:
-        y = b("Mul", y, b("Cast", "scale", to=_FLOAT))
+        y = b("Mul", y, b("Cast", "scale", to=ct))
     if variant.bias:
-        y = b("Add", y, b("Cast", "bias", to=_FLOAT))
+        y = b("Add", y, b("Cast", "bias", to=ct))
     to_x_type(y, "Y")
     attributes = ["epsilon"]
     attributes += [] if variant.axis == "last" else ["axis"]
@@ -288,14 +303,24 @@ def has_bodies(model: onnx.ModelProto) -> bool:
     return all((n.domain, n.op_type, n.overload) in defined for n in our_nodes(model))
 
 
-def _x_types(model: onnx.ModelProto) -> dict[int, int]:
-    """The element type of X of each node of ours (by the id of its NodeProto), from onnx's
-    inference on a copy whose initializers are only declared (their data is never copied).
+def _x_types(model: onnx.ModelProto) -> dict[int, tuple[int, int]]:
+    """The element types of X and skip (0 for RMSNorm) of each node of ours (by the id of its
+    NodeProto), 0 where unknown: as the model declares them, else (some not declared) from
+    onnx's inference on a copy whose initializers are only declared (their data is never
+    copied; the inference is most of attach's time).
     Names are looked up from the node's graph outwards: a name can stand for tensors of other
     types in sibling subgraphs (two If branches)."""
+    found = _types_in(model, model)
+    skips = {id(n) for n in our_nodes(model) if n.op_type == op_schema.SKIP_OP_TYPE}
+    if all(x and (skip or key not in skips) for key, (x, skip) in found.items()):
+        return found
     op_schema.register()  # our ops' outputs: typed as X
-    light = inferred_without_weights(model)
-    found: dict[int, int] = {}
+    return _types_in(model, inferred_without_weights(model))
+
+
+def _types_in(model: onnx.ModelProto, light: onnx.ModelProto) -> dict[int, tuple[int, int]]:
+    """_x_types from the declarations of ``light`` (``model`` or an inferred copy of it)."""
+    found: dict[int, tuple[int, int]] = {}
 
     def walk(g: Any, inferred: Any, outer: list[dict[str, int]]) -> None:
         infos = [*getattr(inferred, "input", []), *getattr(inferred, "output", [])]
@@ -309,8 +334,10 @@ def _x_types(model: onnx.ModelProto) -> dict[int, int]:
         scopes = [table, *outer]
         for node, seen in zip(g.node, inferred.node, strict=True):
             if _ours(node):
-                elem = next((s[node.input[0]] for s in scopes if node.input[0] in s), 0)
-                found[id(node)] = elem
+                x, skip = (*node.input[:2], "")[:2]
+                elem = next((s[x] for s in scopes if x in s), 0)
+                skip_elem = next((s[skip] for s in scopes if skip and skip in s), 0)
+                found[id(node)] = (elem, skip_elem)
             for sub, sub_seen in zip(subgraphs(node), subgraphs(seen), strict=True):
                 walk(sub, sub_seen, scopes)
 
@@ -320,11 +347,23 @@ def _x_types(model: onnx.ModelProto) -> dict[int, int]:
     return found
 
 
-def _signature(node: onnx.NodeProto, elem_type: int) -> Variant:
-    """The node's fixed part: which optional inputs it passes (and X's type where needed)."""
+def _signature(node: onnx.NodeProto, elem_type: int, types: tuple[int, int]) -> Variant:
+    """The node's fixed part: which optional inputs it passes, the type it computes in, whether
+    its skip is the compute type's residual stream (from ``types``: X's and skip's element
+    types) and X's type where the body must name it (``elem_type``)."""
     first = 2 if node.op_type == op_schema.SKIP_OP_TYPE else 1
     present = [bool(name) for name in node.input[first:]] + [False, False]
-    return Variant(node.op_type, present[0], present[1], elem_type=elem_type)
+    x_type, skip_type = types
+    compute = op_schema.COMPUTE_TYPE.get(x_type, _FLOAT)
+    residual = first == 2 and skip_type != x_type and skip_type == compute and bool(x_type)
+    return Variant(
+        node.op_type,
+        present[0],
+        present[1],
+        elem_type=elem_type,
+        compute=compute,
+        residual=residual,
+    )
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
@@ -416,17 +455,18 @@ def attach(model: onnx.ModelProto) -> Attached:
             f"no function bodies: they need ai.onnx opset >= {MIN_OPSET} (the model has {opset})"
         )
         return done
-    types = _x_types(model) if opset < _CASTLIKE_OPSET else {}
+    types = _x_types(model)
     groups: dict[Variant, list[onnx.NodeProto]] = {}
     for node in nodes:
-        elem = types.get(id(node), 0) if types else 0
+        known = types.get(id(node), (0, 0))
+        elem = known[0] if opset < _CASTLIKE_OPSET else 0
         if opset < _CASTLIKE_OPSET and not elem:
             done.notes.append(
                 f"{node.op_type} '{node.name}' has no function body: X's type is unknown and "
                 f"opset {opset} has no CastLike"
             )
             continue
-        groups.setdefault(_signature(node, elem), []).append(node)
+        groups.setdefault(_signature(node, elem, known), []).append(node)
 
     # S is declared by all bodies of the op or by none: onnxruntime 1.21, which runs one body
     # for all nodes of an op, aborts the process on a node with fewer outputs than its body

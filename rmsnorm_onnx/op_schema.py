@@ -4,7 +4,15 @@ version 1 (DESIGN §2).
 ``SkipRMSNorm(X, skip, scale?, bias?) -> (Y, S?)`` is the residual form: ``S = X + skip`` rounded
 to X's type (exactly as the unfused Add), ``Y = RMSNorm(S)``. X and skip broadcast against each
 other over the dims before ``axis`` (``[S, H]``, ``[1, S, H]`` or ``[B, 1, H]`` with X
-``[B, S, H]``, or X ``[1, S, H]`` with skip ``[B, S, H]``); skip holds X's normalized dims.
+``[B, S, H]``, or X ``[1, S, H]`` with skip ``[B, S, H]``); skip holds X's normalized dims. With
+a float16 or bfloat16 X, skip may be float32 (the float32 residual stream): S is then float32,
+the sum and the norm in float32, Y in X's type.
+
+Element types: X float, float16, bfloat16 or double. Scale and bias have X's type or X's compute
+type (``COMPUTE_TYPE``: float32 for the 16-bit types, double for double), skip too; S has skip's
+type. onnx's type constraints cannot tie one input's type to another's: the schema allows each
+of the four for each, inference types S as skip, and the kernels refuse the other pairings at
+session creation.
 
 Registering the schemas with onnx lets ``onnx.checker`` and shape inference understand the ops,
 so a fused model checks and infers like a model of standard ops.
@@ -35,6 +43,21 @@ ONNX_NORM = "RMSNormalization"  # ONNX's, opset 23
 NORM_OPS = (*OP_TYPES, ONNX_NORM, ORT_NORM, ORT_SKIP_NORM)  # each computes a whole RMSNorm
 
 _FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)", "tensor(double)"]
+# X's element type -> the type the kernels compute in, which scale, bias and skip may also have
+COMPUTE_TYPE = {
+    onnx.TensorProto.FLOAT: onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16: onnx.TensorProto.FLOAT,
+    onnx.TensorProto.BFLOAT16: onnx.TensorProto.FLOAT,
+    onnx.TensorProto.DOUBLE: onnx.TensorProto.DOUBLE,
+}
+
+
+def companion_types(x_type: int) -> tuple[int, ...]:
+    """The element types scale, bias and skip may have beside X of ``x_type``: X's, and X's
+    compute type (none for a type our ops do not take)."""
+    if x_type not in COMPUTE_TYPE:
+        return ()
+    return tuple(dict.fromkeys((x_type, COMPUTE_TYPE[x_type])))
 
 
 def opset_import() -> onnx.OperatorSetIdProto:
@@ -89,7 +112,11 @@ def _params() -> list[defs.OpSchema.FormalParameter]:
 
 _TYPES = [
     ("T", _FLOATS, "input and output type"),
-    ("U", _FLOATS, "scale and bias: X's type, or float32 with a half X"),
+    ("U", _FLOATS, "scale and bias: X's type, or X's compute type (float32 with a half X)"),
+]
+_SKIP_TYPES = [
+    *_TYPES,
+    ("R", _FLOATS, "skip and S: X's type, or float32 with a half X (a float32 residual stream)"),
 ]
 
 
@@ -100,7 +127,8 @@ def _schema() -> defs.OpSchema:
         DOMAIN,
         VERSION,
         "RMSNorm over axes [axis, rank): Y = X / sqrt(mean(X^2) + epsilon) * scale + bias "
-        "(eps_outside=1: X / (sqrt(mean(X^2)) + epsilon)). Half inputs accumulate in float32.",
+        "(eps_outside=1: X / (sqrt(mean(X^2)) + epsilon)). Half inputs accumulate in float32, "
+        "double in double.",
         inputs=[param("X", "T", "input, rank >= 1"), *_params()],
         outputs=[param("Y", "T", "X's type and shape")],
         type_constraints=_TYPES,
@@ -117,19 +145,20 @@ def _skip_schema() -> defs.OpSchema:
         SKIP_OP_TYPE,
         DOMAIN,
         VERSION,
-        "Residual add and RMSNorm: S = X + skip (rounded to X's type), Y = RMSNorm(S) with the "
+        "Residual add and RMSNorm: S = X + skip (rounded to skip's type), Y = RMSNorm(S) with the "
         "attributes, scale and bias of RMSNorm. X and skip broadcast against each other over the "
-        "dims before axis (NumPy's rules); skip's rank is at most X's and it holds X.shape[axis:].",
+        "dims before axis (NumPy's rules); skip's rank is at most X's and it holds X.shape[axis:]. "
+        "skip has X's type, or float32 with a half X (a float32 residual stream: S float32).",
         inputs=[
             param("X", "T", "input, rank >= 1"),
-            param("skip", "T", "the residual: broadcasts with X over the dims before axis"),
+            param("skip", "R", "the residual: broadcasts with X over the dims before axis"),
             *_params(),
         ],
         outputs=[
             param("Y", "T", "X's type, the shape of X + skip"),
-            param("S", "T", "X + skip, in X's type", param_option=optional),
+            param("S", "R", "X + skip, in skip's type", param_option=optional),
         ],
-        type_constraints=_TYPES,
+        type_constraints=_SKIP_TYPES,
         attributes=_attributes(),
     )
     schema.set_type_and_shape_inference_function(_infer_skip)
@@ -142,8 +171,10 @@ def _infer(ctx: Any) -> None:
 
 
 def _infer_skip(ctx: Any) -> None:
-    """Y and S: X's type, the shape of X + skip: per dim, the one that is not 1, a number over a
-    name, one name both give, else unknown."""
+    """Y: X's type, S: skip's type (left untyped where skip's type does not go with X's: the
+    kernels refuse the node, and raising here would end onnx's non-strict inference too); both
+    the shape of X + skip: per dim, the one that is not 1, a number over a name, one name both
+    give, else unknown."""
     out = onnx.TypeProto()
     out.CopyFrom(ctx.get_input_type(0))
     skip = ctx.get_input_type(1) if ctx.get_num_inputs() > 1 else None
@@ -166,8 +197,16 @@ def _infer_skip(ctx: Any) -> None:
                     d.CopyFrom(other)  # (a number other than 1 is the broadcast's dim)
                 elif not d.HasField("dim_value") and d != other:
                     d.Clear()
-    for i in range(ctx.get_num_outputs()):
-        ctx.set_output_type(i, out)
+    ctx.set_output_type(0, out)
+    if ctx.get_num_outputs() < 2:
+        return
+    x_elem = out.tensor_type.elem_type
+    skip_elem = (skip.tensor_type.elem_type if skip is not None else 0) or x_elem
+    if skip_elem != x_elem and skip_elem in companion_types(x_elem):
+        out.tensor_type.elem_type = skip_elem
+    elif skip_elem != x_elem:
+        return
+    ctx.set_output_type(1, out)
 
 
 _KINDS = {  # the only attributes either op takes, and their kinds

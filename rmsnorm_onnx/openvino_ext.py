@@ -7,12 +7,14 @@ without them it stops at "No conversion rule found for operations: rmsnorm_onnx.
     compiled = core.compile_model("model.fused.onnx", "CPU")
 
 Each node becomes OpenVINO ops computing the op contract (DESIGN §2): half and bfloat16 in
-float32, scale and bias applied before the one rounding back to X's type. The norm is written as
-``x * (1 / sqrt(mean(x^2) + eps)) * scale``, the spelling OpenVINO's own RMS fusion matches, so
-its RMS kernel can take the node where it fuses (one trailing axis, a constant scale). At the
-two edges where a float32 chain differs from our kernels it computes what they do: rows whose
-float32 sum of squares would overflow are scaled by a power of two first, and rows of length 0
-give an empty Y (docs/numerics.md).
+float32, double in double (OpenVINO's CPU plugin then runs f64 in f32, as it does any f64
+graph), scale and bias applied before the one rounding back to X's type; a half X with a
+float32 skip keeps S = X + skip in float32 (the float32 residual stream). The norm is written
+as ``x * (1 / sqrt(mean(x^2) + eps)) * scale``, the spelling OpenVINO's own RMS fusion
+matches, so its RMS kernel can take the node where it fuses (one trailing axis, a constant
+scale). At the two edges where a float32 chain differs from our kernels it computes what they
+do: rows whose float32 sum of squares would overflow are scaled by a power of two first, and
+rows of length 0 give an empty Y (docs/numerics.md).
 
 This module imports openvino; the package imports it only when ``openvino_extension`` is asked for.
 """
@@ -33,8 +35,16 @@ from .reference import skip_sum_shape
 __all__ = ["openvino_extension"]
 
 _HALF = (ov.Type.f16, ov.Type.bf16)
-_FLOATS = (ov.Type.f32, *_HALF)
+_FLOATS = (ov.Type.f32, *_HALF, ov.Type.f64)
 _F32 = ov.Type.f32
+_F64 = ov.Type.f64
+
+
+def _compute(dtype: ov.Type) -> ov.Type:
+    """X's compute type (op_schema.COMPUTE_TYPE): f64 for f64, else f32 (also for a type only
+    known at run time)."""
+    return _F64 if dtype == _F64 else _F32
+
 
 Output = ov.Output
 
@@ -88,7 +98,9 @@ class _Node:
         if self.eps_outside not in (0, 1):
             self.fail(f"eps_outside must be 0 or 1, got {self.eps_outside}")
         if self.dtype.is_static() and self.dtype not in _FLOATS:
-            self.fail(f"X must be float, float16 or bfloat16, got {self.dtype.get_type_name()}")
+            self.fail(
+                f"X must be float, float16, bfloat16 or double, got {self.dtype.get_type_name()}"
+            )
         rank = self.rank
         if rank == 0:
             self.fail("X has rank 0; RMSNorm needs rank >= 1")
@@ -102,9 +114,11 @@ class _Node:
 
     def _check_skip(self) -> None:
         assert self.skip is not None
-        if self.dtype.is_static() and self.skip.get_element_type() != self.dtype:
-            got = self.skip.get_element_type().get_type_name()
-            self.fail(f"skip's type {got} is not X's {self.dtype.get_type_name()}")
+        allowed = {self.dtype, _compute(self.dtype)}
+        skip_type = self.skip.get_element_type()
+        if self.dtype.is_static() and skip_type.is_static() and skip_type not in allowed:
+            names = " or ".join(sorted(t.get_type_name() for t in allowed))
+            self.fail(f"skip has type {skip_type.get_type_name()}; with this X it must be {names}")
         x_shape, skip_shape = self.x.get_partial_shape(), self.skip.get_partial_shape()
         if x_shape.is_static and skip_shape.is_static:
             xs, ss = tuple(x_shape.to_shape()), tuple(skip_shape.to_shape())
@@ -113,7 +127,7 @@ class _Node:
 
     def _check_param(self, name: str, param: Output) -> None:
         ptype = param.get_element_type()
-        allowed = {self.dtype, _F32} if self.dtype in _HALF else {self.dtype}
+        allowed = {self.dtype, _compute(self.dtype)}
         if self.dtype.is_static() and ptype.is_static() and ptype not in allowed:
             names = " or ".join(sorted(t.get_type_name() for t in allowed))
             self.fail(f"{name} has type {ptype.get_type_name()}; with this X it must be {names}")
@@ -136,8 +150,12 @@ def _present(ctx: NodeContext, index: int) -> Output | None:
     return None if value.get_node().get_type_name() == "NullNode" else value
 
 
+def _const(value: float, dtype: ov.Type) -> Output:
+    return ops.constant(np.array(value, np.float64 if dtype == _F64 else np.float32)).output(0)
+
+
 def _f32(value: float) -> Output:
-    return ops.constant(np.array(value, np.float32)).output(0)
+    return _const(value, _F32)
 
 
 def _axes(n: _Node, x: Output) -> Output:
@@ -180,27 +198,31 @@ def _rows_in_range(xf: Output, axes: Output) -> Output:
 
 
 def _norm(n: _Node, x: Output) -> Output:
-    """RMSNorm of x (X's type) as the contract computes it; float32 inside for half types."""
-    widen = n.dtype != _F32  # half, bfloat16, or a type only known at run time
-    xf = ops.convert(x, _F32).output(0) if widen else x
+    """RMSNorm of x (X's type, or S of the compute type) as the contract computes it, in X's
+    compute type (float32 inside for half types), the result in X's type."""
+    ct = _compute(n.dtype)
+    widen = n.dtype != ct  # half, bfloat16, or a type only known at run time
+
+    def wide(value: Output) -> Output:
+        return ops.convert(value, ct).output(0) if value.get_element_type() != ct else value
+
+    xf = wide(x)
     axes = _axes(n, x)
-    if n.dtype != ov.Type.f16:  # a float16 row's squares cannot overflow float32
+    if ct == _F32 and n.dtype != ov.Type.f16:  # a float16 row's squares cannot overflow float32
         xf = _rows_in_range(xf, axes)
-    ms = ops.reduce_mean(ops.power(xf, _f32(2.0)), axes, keep_dims=True)
-    eps = _f32(n.epsilon)
+    ms = ops.reduce_mean(ops.power(xf, _const(2.0, ct)), axes, keep_dims=True)
+    eps = _const(n.epsilon, ct)
     root = ops.add(ops.sqrt(ms), eps) if n.eps_outside else ops.sqrt(ops.add(ms, eps))
-    y = ops.multiply(xf, ops.divide(_f32(1.0), root)).output(0)
+    y = ops.multiply(xf, ops.divide(_const(1.0, ct), root)).output(0)
     if n.scale is not None:
-        scale = ops.convert(n.scale, _F32) if widen else n.scale
-        y = ops.multiply(y, scale).output(0)
+        y = ops.multiply(y, wide(n.scale)).output(0)
     if n.bias is not None:
-        bias = ops.convert(n.bias, _F32) if widen else n.bias
-        y = ops.add(y, bias).output(0)
+        y = ops.add(y, wide(n.bias)).output(0)
     if not widen:
         return y
     if n.dtype.is_static():
         return ops.convert(y, n.dtype).output(0)
-    return ops.convert_like(y, x).output(0)
+    return ops.convert_like(y, n.x).output(0)
 
 
 def _no_columns(n: _Node) -> bool:
@@ -225,8 +247,13 @@ def _convert_norm(ctx: NodeContext) -> list[Output]:
 
 
 def _convert_skip_norm(ctx: NodeContext) -> list[Output]:
-    """Y and S, where S = X + skip in X's type is the value the norm reads anyway; OpenVINO
-    binds only the outputs the node names (a node without S simply leaves it unread)."""
+    """Y and S, where S = X + skip in skip's type (X's, or float32: the float32 residual stream)
+    is the value the norm reads anyway; OpenVINO binds only the outputs the node names (a node
+    without S simply leaves it unread)."""
     n = _Node(ctx, op_schema.SKIP_OP_TYPE)
-    s = ops.add(n.x, n.skip).output(0)
+    assert n.skip is not None
+    x = n.x
+    if n.skip.get_element_type() != n.dtype and n.skip.get_element_type().is_static():
+        x = ops.convert(x, n.skip.get_element_type()).output(0)
+    s = ops.add(x, n.skip).output(0)
     return [_empty_rows(n, s) if _no_columns(n) else _norm(n, s), s]

@@ -6,7 +6,8 @@
 
 The residual form (``SkipRMSNorm``): S = X + skip, rounded to X's type exactly as an unfused Add
 of that type does, and Y = RMSNorm(S); X and skip broadcast against each other over the dims
-before the normalized ones (``skip_sum_shape``).
+before the normalized ones (``skip_sum_shape``). With a float16 or bfloat16 X, skip may be
+float32 (the float32 residual stream): S is then float32, and Y still has X's type.
 
 Group RMSNorm splits the last axis into ``groups`` equal slices, normalizes each slice on its own
 and then applies one scale over the whole axis. This module imports nothing else of ours.
@@ -29,12 +30,15 @@ __all__ = [
     "rms_norm",
     "skip_rms_norm",
     "skip_sum_shape",
+    "sum_dtype",
     "tolerance",
 ]
 
 # (rtol, atol) by the dtype of the tensor under test. fp32 is float32 accumulation against a
 # float64 truth; fp16 and bf16 are dominated by rounding the output to 11 and 8 significant bits
-# (2**-11 ~ 4.9e-4, 2**-8 ~ 3.9e-3 relative).
+# (2**-11 ~ 4.9e-4, 2**-8 ~ 3.9e-3 relative). fp64 is float64 accumulation: the kernels are
+# within ~2e-15 of the reference on rows of 65536 (docs/numerics.md); a float32 accumulator or
+# factor anywhere (~1e-7) is 5 orders of magnitude outside it.
 TOLERANCES: dict[str, tuple[float, float]] = {
     "float64": (1e-12, 1e-12),
     "float32": (1e-5, 1e-5),
@@ -111,11 +115,18 @@ def rms_norm(
 def _normalize(
     x: np.ndarray, axes: tuple[int, ...], epsilon: float, eps_outside: bool
 ) -> np.ndarray:
-    ms = np.mean(np.square(x), axis=axes, keepdims=True)
+    # A row of large values taken as x * 2^-k, k its largest magnitude's exponent (exact, and no
+    # square of a float64 input overflows); RMSNorm(x) = RMSNorm(x * 2^-k) with epsilon scaled
+    # by 4^-k. Never scaled up: epsilon would overflow for tiny rows.
+    with np.errstate(invalid="ignore"):
+        peak = np.max(np.abs(x), axis=axes, keepdims=True) if x.size else np.zeros(())
+    k = np.where(np.isfinite(peak) & (peak > 1), np.frexp(np.where(peak > 1, peak, 1.0))[1], 0)
+    scaled = np.ldexp(x, -k)
+    ms = np.mean(np.square(scaled), axis=axes, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 with epsilon 0 is NaN, as in IEEE
         if eps_outside:
-            return x / (np.sqrt(ms) + epsilon)
-        return x / np.sqrt(ms + epsilon)
+            return scaled / (np.sqrt(ms) + np.ldexp(epsilon, -k))
+        return scaled / np.sqrt(ms + np.ldexp(epsilon, -2 * k))
 
 
 def skip_sum_shape(
@@ -141,6 +152,15 @@ def skip_sum_shape(
     return (*lead, *x_shape[start:])
 
 
+HALF_DTYPES = ("float16", "bfloat16")  # computed in float32; a float32 residual stream allowed
+
+
+def sum_dtype(x_dtype: npt.DTypeLike, skip_dtype: npt.DTypeLike) -> np.dtype:
+    """The dtype of SkipRMSNorm's S: X's, or float32 for a float32 skip with a half X."""
+    x, skip = np.dtype(x_dtype), np.dtype(skip_dtype)
+    return skip if x.name in HALF_DTYPES and skip == np.float32 else x
+
+
 def skip_rms_norm(
     x: npt.ArrayLike,
     skip: npt.ArrayLike,
@@ -151,9 +171,10 @@ def skip_rms_norm(
     axis: int = -1,
     eps_outside: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(Y, S) of SkipRMSNorm: S = X + skip in X's dtype, Y = RMSNorm(S) in float64.
+    """(Y, S) of SkipRMSNorm: S = X + skip in X's dtype (float32 for a float32 skip with a
+    float16 or bfloat16 X: the float32 residual stream), Y = RMSNorm(S) in float64.
 
-    The sum is formed in float64 and rounded once to X's dtype: for float32, float16 and
+    The sum is formed in float64 and rounded once to S's dtype: for float32, float16 and
     bfloat16 that is the correctly rounded sum, what an Add of that type computes.
     """
     x_arr, skip_arr = np.asarray(x), np.asarray(skip)
@@ -164,6 +185,6 @@ def skip_rms_norm(
             f"(axis {axis})"
         )
     total = x_arr.astype(np.float64) + skip_arr.astype(np.float64)
-    s = total.astype(x_arr.dtype) if x_arr.dtype != np.float64 else total
+    s = total.astype(sum_dtype(x_arr.dtype, skip_arr.dtype))
     y = rms_norm(s, scale, bias, epsilon=epsilon, axis=axis, eps_outside=eps_outside)
     return y, s

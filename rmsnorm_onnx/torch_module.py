@@ -34,8 +34,14 @@ _EXPORT_MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "rmsnorm_onnx_export_mode", default=None
 )
 
-# Input types our fused op and ONNX RMSNormalization take (DESIGN §2).
-_OP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Input types our fused op and ONNX RMSNormalization take (DESIGN §2), and the type each computes
+# in (op_schema.COMPUTE_TYPE): scale and bias (and a residual stream) may have that type too.
+_OP_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _op_compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class ResidualError(UsageError, ValueError):
@@ -80,10 +86,16 @@ class RMSNorm(nn.Module):
             RMSNormalization): cast the normalized value back first, then multiply.
         rsqrt: compute ``x * rsqrt(ms + eps)`` rather than ``x * reciprocal(sqrt(ms + eps))``.
             Both export to the same ONNX ops; eagerly they can differ in the last bit.
+        residual_dtype: the type of the residual stream in ``forward(x, residual)``: ``None``
+            (x's), or ``torch.float32`` for a half or bfloat16 ``x``: the residual is float32,
+            the sum ``s = x + residual`` is formed and returned in float32 (never rounded to
+            half: no overflow past 65504) and normalized from there, the output in x's type.
+            Exported fused as one ``SkipRMSNorm`` with a float32 skip and S.
         device, dtype: of the parameters.
 
     The output has the input's dtype and shape. Exported modes: ``fused`` and ``standard`` take
-    float32, float16 and bfloat16 inputs and always accumulate half types in float32; for half
+    float32, float16, bfloat16 and float64 inputs and always accumulate half types in float32
+    (float64 in float64); for half
     inputs they round as their op does (fused: once, after scale and bias; ONNX RMSNormalization:
     before the scale), which can differ from eager in the last bit whatever
     ``cast_before_scale`` says. ``decomposed`` reproduces the eager arithmetic op for op.
@@ -106,6 +118,7 @@ class RMSNorm(nn.Module):
         compute_dtype: torch.dtype | None = torch.float32,
         cast_before_scale: bool = False,
         rsqrt: bool = False,
+        residual_dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -131,6 +144,11 @@ class RMSNorm(nn.Module):
             raise ValueError("weight_offset applies to a learned weight: elementwise_affine=False")
         if compute_dtype is not None and not compute_dtype.is_floating_point:
             raise ValueError(f"compute_dtype must be a floating type, got {compute_dtype}")
+        if residual_dtype not in (None, torch.float32):
+            raise ValueError(
+                f"residual_dtype must be None (x's type) or torch.float32, got {residual_dtype}"
+            )
+        self.residual_dtype = residual_dtype
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         self.eps_outside = eps_outside
@@ -178,6 +196,7 @@ class RMSNorm(nn.Module):
             "compute_dtype": (self.compute_dtype, torch.float32),
             "cast_before_scale": (self.cast_before_scale, False),
             "rsqrt": (self.rsqrt, False),
+            "residual_dtype": (self.residual_dtype, None),
         }
         parts += [f"{k}={v}" for k, (v, default) in defaults.items() if v != default]
         return ", ".join(parts)
@@ -220,8 +239,9 @@ class RMSNorm(nn.Module):
         """``y = RMSNorm(x)``; with a ``residual``, ``(RMSNorm(s), s)`` where ``s = x + residual``.
 
         The residual form is vLLM's and SGLang's fused add: ``s`` is formed in ``x``'s dtype
-        (rounded to it, as an unfused Add of that type is) and the norm reads the rounded ``s``.
-        ``residual`` has ``x``'s dtype and a rank at most ``x``'s; the two broadcast against each
+        (rounded to it, as an unfused Add of that type is) and the norm reads the rounded ``s``;
+        with ``residual_dtype=torch.float32`` and a half ``x``, in float32 (``y`` in x's dtype).
+        ``residual`` has that dtype and a rank at most ``x``'s; the two broadcast against each
         other over the leading dims as ``x + residual`` does (``[S, H]``, ``[1, S, H]`` or
         ``[B, 1, H]`` for ``x`` ``[B, S, H]``), never over the normalized dims. Exported as one
         ``rmsnorm_onnx::SkipRMSNorm`` (fused), or an Add in front of the chain (decomposed) or of
@@ -240,23 +260,34 @@ class RMSNorm(nn.Module):
             eps = self.eps_param.abs() if self.eps_param is not None else None
             if residual is None:
                 return self._decomposed(x, eps)
-            s = x + residual
-            return self._decomposed(s, eps), s
+            s = x.to(residual.dtype) + residual
+            return self._decomposed(s, eps, x.dtype), s
         if mode == "fused":
             return self._fused(x, residual)
-        norm = self._standard if mode == "standard" else lambda h: self._decomposed(h, None)
         if residual is None:
-            return norm(x)
-        s = x + residual
-        return norm(s), s
+            return self._standard(x) if mode == "standard" else self._decomposed(x, None)
+        s = x.to(residual.dtype) + residual
+        if mode == "standard":
+            return self._standard(s).to(x.dtype), s
+        return self._decomposed(s, None, x.dtype), s
 
     def _check_residual(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         if not isinstance(residual, torch.Tensor):
             raise TypeError(f"residual must be a tensor, got {type(residual).__name__}")
-        if residual.dtype != x.dtype:
+        stream = self.residual_dtype
+        if stream is not None and x.dtype not in (*_HALF_DTYPES, stream):
+            raise ResidualError(
+                f"residual_dtype={stream} carries the residual stream of a float16 or bfloat16 "
+                f"x in float32; x is {x.dtype}"
+            )
+        if stream is None and residual.dtype != x.dtype:
             raise ResidualError(
                 f"residual must have x's dtype {x.dtype} (the sum is formed in it), got "
                 f"{residual.dtype}"
+            )
+        if stream is not None and residual.dtype != stream:
+            raise ResidualError(
+                f"residual must have the layer's residual_dtype {stream}, got {residual.dtype}"
             )
         x_shape, r_shape = _example_shape(x), _example_shape(residual)
         if x_shape is None or r_shape is None:
@@ -273,10 +304,13 @@ class RMSNorm(nn.Module):
         d = self.normalized_shape[0]
         return x.unflatten(-1, (self.groups, d // self.groups)) if self.groups > 1 else x
 
-    def _decomposed(self, x: torch.Tensor, eps: torch.Tensor | None) -> torch.Tensor:
-        """The textbook chain; ``eps`` is the learned epsilon as a tensor (None: a constant)."""
-        in_dtype = x.dtype
-        cdt = self.compute_type(in_dtype)
+    def _decomposed(
+        self, x: torch.Tensor, eps: torch.Tensor | None, out_dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        """The textbook chain; ``eps`` is the learned epsilon as a tensor (None: a constant);
+        ``out_dtype``: the output's type (x's; a half type for a float32 residual stream)."""
+        in_dtype = out_dtype or x.dtype
+        cdt = torch.promote_types(self.compute_type(in_dtype), x.dtype)
         h = self._grouped(x.to(cdt))
         dims = (-1,) if self.groups > 1 else tuple(range(-len(self.normalized_shape), 0))
         ms = h.pow(2).mean(dims, keepdim=True)
@@ -301,18 +335,18 @@ class RMSNorm(nn.Module):
     def _check_op_dtype(self, x: torch.Tensor, mode: str) -> None:
         if x.dtype not in _OP_DTYPES:
             raise UsageError(
-                f"rmsnorm={mode!r} exports float32, float16 and bfloat16 inputs; this RMSNorm "
-                f"gets {x.dtype}: use rmsnorm='decomposed'"
+                f"rmsnorm={mode!r} exports float32, float16, bfloat16 and float64 inputs; this "
+                f"RMSNorm gets {x.dtype}: use rmsnorm='decomposed'"
             )
 
     def _params_for_op(
         self, scale: torch.Tensor | None, bias: torch.Tensor | None, x: torch.Tensor
     ) -> list[torch.Tensor | None]:
-        # The op takes scale and bias of one type: X's, or float32 with a half X (DESIGN §2).
+        # The op takes scale and bias of X's type, or of X's compute type (DESIGN §2).
         params = [scale, bias]
         if all(p is None or p.dtype == x.dtype for p in params):
             return params
-        return [None if p is None else p.to(torch.float32) for p in params]
+        return [None if p is None else p.to(_op_compute_dtype(x.dtype)) for p in params]
 
     def _fused(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -352,7 +386,7 @@ class RMSNorm(nn.Module):
             f"{op_schema.DOMAIN}::{op_schema.SKIP_OP_TYPE}",
             node_inputs,
             attrs=attrs,
-            dtypes=(x.dtype, x.dtype),
+            dtypes=(x.dtype, skip.dtype),  # S has skip's type: a float32 residual stream
             shapes=(shape, shape),
             version=op_schema.VERSION,
         )

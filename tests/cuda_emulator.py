@@ -20,14 +20,23 @@ from rmsnorm_onnx import reference
 
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
 DTYPES["bfloat16"] = np.dtype(reference.bfloat16)
+DTYPES["float64"] = np.dtype(np.float64)
+
+
+def compute_dtype(dt: np.dtype) -> np.dtype:
+    """X's compute type (dtype.h): float32, float64 for float64; the other type a scale or
+    bias may have."""
+    return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+
+
 # the library takes element types as ONNX numbers (TensorProto.DataType), as dtype.h has them
 ONNX_TYPES = {name: helper.np_dtype_to_tensor_dtype(dt) for name, dt in DTYPES.items()}
 MODES = ("warp", "block")  # launch_choice.h's Mode
 FAMILIES = ("generic", "no_scale", "scale_same", "scale_f32")  # launch_choice.h's Family
 
-# Dynamic shared memory a block can opt into, less the kernel's 512 static bytes, by architecture
+# Dynamic shared memory a block can opt into, less the kernel's static bytes, by architecture
 # (what rmsnorm.cu asks the device for).
-STATIC_SMEM = 512
+STATIC_SMEM = 1024  # launch_choice.h kStaticSharedBytes: 4 x 32 float64 slots
 DEVICES = {
     "sm_75": 64 * 1024 - STATIC_SMEM,
     "sm_80": 163 * 1024 - STATIC_SMEM,

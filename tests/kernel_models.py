@@ -18,7 +18,9 @@ from rmsnorm_onnx import op_schema, reference
 from rmsnorm_onnx.onnx_io import NUMPY_TYPES, ONNX_TYPES
 from rmsnorm_onnx.runtime import session
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+# X's compute type by dtype (dtype.h): the other type its scale, bias and skip may have
+COMPUTE = {"float32": "float32", "float16": "float32", "bfloat16": "float32", "float64": "float64"}
 ORT_ERRORS: tuple[type[Exception], ...]
 try:
     from onnxruntime.capi import onnxruntime_pybind11_state as _state
@@ -98,8 +100,9 @@ def make_model(
     **attrs: object,
 ) -> onnx.ModelProto:
     """X -> RMSNorm(X, scale?, bias?) -> Y, with ``attrs`` passed to ``op_schema.make_node``;
-    with ``skip_dtype``, X, skip -> SkipRMSNorm(X, skip, scale?, bias?) -> Y (and the sum S as a
-    second graph output "s" when ``with_sum``; else the node has no output S at all).
+    with ``skip_dtype``, X, skip -> SkipRMSNorm(X, skip, scale?, bias?) -> Y (and the sum S, of
+    reference.sum_dtype, as a second graph output "s" when ``with_sum``; else the node has no
+    output S at all).
 
     A missing scale with a bias present is the empty input name ''. Shapes given become the
     graph inputs' declared shapes (None: unknown rank). ``constants`` makes scale and/or bias
@@ -131,13 +134,20 @@ def make_model(
     while op_inputs[-1] == "":
         op_inputs.pop()
     names = ["y", "s"] if with_sum else ["y"]
-    op_outputs = [f"{n}_bf16" if x_dtype == "bfloat16" else n for n in names]
+    s_dtype = x_dtype
+    if skip_dtype and skip_dtype != x_dtype:
+        s_dtype = reference.sum_dtype(np_dtype(x_dtype), np_dtype(skip_dtype)).name
+    dtypes = [x_dtype, s_dtype][: len(names)]
+    op_outputs = [f"{n}_bf16" if d == "bfloat16" else n for n, d in zip(names, dtypes, strict=True)]
     make = op_schema.make_skip_node if skip_dtype else op_schema.make_node
     nodes.append(make(op_inputs, op_outputs, name="rmsnorm", **attrs))  # type: ignore[arg-type]
-    if x_dtype == "bfloat16":
-        for name, op_output in zip(names, op_outputs, strict=True):
+    for name, op_output, d in zip(names, op_outputs, dtypes, strict=True):
+        if d == "bfloat16":
             nodes.append(helper.make_node("Cast", [op_output], [name], to=TensorProto.FLOAT))
-    outputs = [helper.make_tensor_value_info(n, _feed_type(x_dtype), None) for n in names]
+    outputs = [
+        helper.make_tensor_value_info(n, _feed_type(d), None)
+        for n, d in zip(names, dtypes, strict=True)
+    ]
     graph = helper.make_graph(nodes, "rmsnorm_test", inputs, outputs, initializer=initializers)
     return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", opset), op_schema.opset_import()]
@@ -182,11 +192,13 @@ def run_skip(
     providers: Sequence[str] = ("cpu",),
     **session_kwargs: object,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(Y as float64, S in X's dtype or None when the model has no output S) of one run."""
+    """(Y as float64, S in its dtype (reference.sum_dtype) or None when the model has no
+    output S) of one run."""
     sess = session(model, providers=providers, **session_kwargs)  # type: ignore[arg-type]
     outs = sess.run(None, feeds(x, scale, bias, skip))
     y = np.asarray(outs[0]).astype(np.float64)
-    return y, (np.asarray(outs[1]).astype(x.dtype) if len(outs) > 1 else None)
+    s_dtype = reference.sum_dtype(x.dtype, skip.dtype)
+    return y, (np.asarray(outs[1]).astype(s_dtype) if len(outs) > 1 else None)
 
 
 def assert_sum_exact(s: np.ndarray | None, expected: np.ndarray) -> None:
@@ -219,8 +231,8 @@ def variant_cases(shapes: Sequence[tuple[tuple[int, ...], int]]) -> list[object]
     cases = []
     for dtype in DTYPES:
         for variant, spec in VARIANTS.items():
-            if spec[2] == "float32" and dtype == "float32":
-                continue  # same as scale_bias
+            if spec[2] == "float32" and COMPUTE[dtype] == dtype:
+                continue  # float32: same as scale_bias; float64 takes no float32 parameter
             for shape, axis in shapes:
                 sid = "x".join(map(str, shape))
                 cases.append(
@@ -255,7 +267,8 @@ def check_variant(
         eps_outside=eps_outside,
     )
     y = run(model, x, scale, bias, providers=providers)
+    # the node holds epsilon as a float32 attribute (what float64 rows see to the last bits)
     expected = reference.rms_norm(
-        x, scale, bias, epsilon=epsilon, axis=axis, eps_outside=eps_outside
+        x, scale, bias, epsilon=float(np.float32(epsilon)), axis=axis, eps_outside=eps_outside
     )
     assert_matches(y, expected, dtype)

@@ -75,6 +75,22 @@ def test_export_decomposed_static_float16(tmp_path: Path) -> None:
     np.testing.assert_allclose(y.astype(np.float64), expected, rtol=rtol, atol=atol)
 
 
+def test_export_fused_float64(tmp_path: Path) -> None:
+    out = tmp_path / "seeds_f64.onnx"
+    result = run_cli("export", "--rmsnorm", "fused", "--dtype", "float64", "-o", out)
+    assert result.returncode == 0, result.stderr
+    model = onnx.load(out)
+    assert [n.op_type for n in model.graph.node] == [op_schema.OP_TYPE]
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.DOUBLE
+
+    x, weight, eps = _seeds_layer()
+    (y,) = runtime.session(out).run(None, {"x": x.astype(np.float64)})
+    assert y.dtype == np.float64
+    # computed in float64, epsilon the node's float32 attribute
+    expected = reference.rms_norm(x.astype(np.float64), weight, epsilon=float(np.float32(eps)))
+    np.testing.assert_allclose(y, expected, *reference.tolerance(np.float64))
+
+
 def test_export_user_factory_as_standard_op(tmp_path: Path) -> None:
     (tmp_path / "my_models.py").write_text(
         textwrap.dedent(

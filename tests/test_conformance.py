@@ -212,3 +212,29 @@ def test_onnx_function_body_with_dynamic_dims_fuses(dtype, target):
     assert got.dtype == want.dtype and got.shape == want.shape
     rtol, atol = reference.tolerance(dtype)
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=atol)
+
+
+def _in_double(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The case's model with every input and output declared double (RMSNormalization takes
+    double too; so does our op)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for value in [*model.graph.input, *model.graph.output]:
+        value.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    return model
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_onnx_conformance_case_in_double(case):
+    # the case's inputs as float64, computed in float64: the float64 reference to 1e-12 (epsilon
+    # the float32 the attribute holds), and ONNX's float32 expectation at the case's tolerance
+    sess = session(_as_our_op(_in_double(case.model)))
+    names = [i.name for i in case.model.graph.input]
+    node = _as_our_op(case.model).graph.node[0]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    for inputs, outputs in case.data_sets:
+        doubles = [np.asarray(a, np.float64) for a in inputs]
+        (y,) = sess.run(None, dict(zip(names, doubles, strict=True)))
+        assert y.dtype == np.float64
+        ref = reference.rms_norm(*doubles, epsilon=attrs["epsilon"], axis=attrs["axis"])
+        np.testing.assert_allclose(y, ref, *reference.tolerance("float64"))
+        np.testing.assert_allclose(y, outputs[0], rtol=case.rtol, atol=case.atol)

@@ -18,10 +18,10 @@ REPORT_NAME = "rmsnorm_onnx_ptxas.txt"
 ARCHITECTURES = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 BUDGET_ARCH = "sm_90"  # the register budgets below are read at Hopper
 # dispatch.h, per op (RMSNorm, SkipRMSNorm): specialized kernels (full vectors; warp mode with 1
-# or 2 vectors per lane, block mode) of 2 families for float32 and 3 for each 16-bit type, and
-# Generic kernels (full vectors or element-wide; warp and block mode) for each type
-SPECIALIZED = (2 + 3 + 3) * 3
-GENERIC = 3 * 2 * 2
+# or 2 vectors per lane, block mode) of 2 families for float32 and float64 and 3 for each 16-bit
+# type, and Generic kernels (full vectors or element-wide; warp and block mode) for each type
+SPECIALIZED = (2 + 3 + 3 + 2) * 3
+GENERIC = 4 * 2 * 2
 KERNELS_PER_ARCHITECTURE = 2 * (SPECIALIZED + GENERIC)
 # rmsnorm.cu's launch bounds: ptxas may use 65536 / (threads x min blocks) registers
 MAX_REGISTERS = {"warp": 48, "block": 64, "generic warp": 128, "generic block": 128}
@@ -32,7 +32,7 @@ MAX_REGISTERS_BY_ARCH = {"sm_75": {**MAX_REGISTERS, "warp": 64}}
 # rmsnorm.cu's launch bounds plan for)
 BUDGET = {"warp": 48, "block": 64}
 FAMILIES = ("generic", "no_scale", "scale_same", "scale_f32")  # launch_choice.h's Family
-TYPES = {"f": "float32", "6__half": "float16", "13__nv_bfloat16": "bfloat16"}
+TYPES = {"f": "float32", "6__half": "float16", "13__nv_bfloat16": "bfloat16", "d": "float64"}
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from cuda_emulator import (
     Config,
     Emulator,
     buffer,
+    compute_dtype,
     filled,
     normalize,
 )
@@ -118,7 +119,9 @@ def case_configs(emu: Emulator, skip: bool) -> Iterator[tuple[str, Config]]:
         extra = {"skip_addr": (1 << 22) + lay.x * size} if skip else {}
         if kind != "none":
             extra["scale_addr"] = (1 << 20) + lay.params * size
-            extra["scale_dtype"] = "float32" if kind == "scale_f32" else dtype
+            extra["scale_dtype"] = (
+                compute_dtype(DTYPES[dtype]).name if kind == "scale_f32" else dtype
+            )
         if kind == "scale_bias":
             extra["bias_addr"] = (1 << 21) + lay.params * size
         return emu.config(
@@ -143,7 +146,7 @@ def case_configs(emu: Emulator, skip: bool) -> Iterator[tuple[str, Config]]:
 def compiled_kernels(skip: bool) -> set[tuple]:
     """dispatch.h's instantiations: (dtype, vec, mode, items, family, skip)."""
     out = set()
-    for d, size in (("float32", 4), ("float16", 2), ("bfloat16", 2)):
+    for d, size in (("float32", 4), ("float16", 2), ("bfloat16", 2), ("float64", 8)):
         families = ("no_scale", "scale_same") + (("scale_f32",) if size == 2 else ())
         for f in families:
             for mode, items in (("warp", 1), ("warp", 2), ("block", 2)):
@@ -159,14 +162,15 @@ def test_cases_reach_every_kernel_emulated(emu, skip):
     """The runs, together, execute every kernel instantiation rmsnorm.cu compiles."""
     reached = {(d, c.vec, c.mode, c.items, c.family, c.skip) for d, c in case_configs(emu, skip)}
     compiled = compiled_kernels(skip)
-    assert len(compiled) == 36  # test_cuda_build.py: 72 kernels per architecture, both ops
+    assert len(compiled) == 46  # test_cuda_build.py: 92 kernels per architecture, both ops
     assert reached == compiled, f"never run: {sorted(compiled - reached)}"
 
 
 # ----------------------------------------------------------------------------- kernel runs
 
 
-# scale/bias as the specialized kernels take them (or, with a bias, the Generic kernels)
+# scale/bias as the specialized kernels take them (or, with a bias, the Generic kernels);
+# "scale_f32": of X's compute type (float64's is its own: "scale" again)
 PARAM_KINDS = ("scale_bias", "scale", "scale_f32", "none")
 
 
@@ -177,7 +181,7 @@ def make_params(rng, hidden: int, dt: np.dtype, kind: str, offset: int = 0) -> t
     if kind == "scale":
         return filled(s, dt, offset), None
     if kind == "scale_f32":
-        return filled(s, np.dtype(np.float32), offset), None
+        return filled(s, compute_dtype(dt), offset), None
     return None, None
 
 
@@ -224,16 +228,20 @@ def _per_d(p: np.ndarray) -> np.ndarray:  # shape (D,): element index = col % D
     return p.reshape(-1)[: p.shape[-1]].reshape(p.shape[-1:])
 
 
-# variant -> (scale, bias) from values s, b over the normalized dims, in X's dtype dt
+# variant -> (scale, bias) from values s, b over the normalized dims, in X's dtype dt ("f32": X's
+# compute type)
 VARIANTS: dict[str, Callable[[np.ndarray, np.ndarray, np.dtype], tuple]] = {
     "plain": lambda s, b, dt: (None, None),
     "scale": lambda s, b, dt: (filled(s, dt), None),
     "bias": lambda s, b, dt: (None, filled(b, dt)),
     "scale_bias": lambda s, b, dt: (filled(s, dt), filled(b, dt)),
-    "scale_bias_f32": lambda s, b, dt: (filled(s, F32), filled(b, F32)),
-    "scale_f32_bias_x": lambda s, b, dt: (filled(s, F32), filled(b, dt)),
+    "scale_bias_f32": lambda s, b, dt: (filled(s, compute_dtype(dt)), filled(b, compute_dtype(dt))),
+    "scale_f32_bias_x": lambda s, b, dt: (filled(s, compute_dtype(dt)), filled(b, dt)),
     "scale_per_d": lambda s, b, dt: (filled(_per_d(s), dt), None),
-    "scale_per_h_bias_per_d_f32": lambda s, b, dt: (filled(_per_h(s), dt), filled(_per_d(b), F32)),
+    "scale_per_h_bias_per_d_f32": lambda s, b, dt: (
+        filled(_per_h(s), dt),
+        filled(_per_d(b), compute_dtype(dt)),
+    ),
     "scale_scalar": lambda s, b, dt: (filled(s.reshape(-1)[:1], dt), None),
 }
 VARIANT_CASES = [(d, n, v) for d in DTYPES for n in VARIANT_NORMALIZED for v in VARIANTS]
@@ -391,10 +399,11 @@ def test_out_of_bounds_read_is_reported_emulated(emu, rng):
     [
         ({"epsilon": -1.0}, "epsilon must be >= 0"),
         ({"scale_pair": (0, 8)}, r"\(inner, period\)"),
-        ({"scale_dtype": "float16", "x_dtype": "bfloat16"}, "X's type or float32"),
+        ({"scale_dtype": "float16", "x_dtype": "bfloat16"}, "X's type or its compute type"),
+        ({"scale_dtype": "float32", "x_dtype": "float64"}, "X's type or its compute type"),
         ({"x_offset_bytes": 1}, "aligned to its element size"),
     ],
-    ids=["negative_epsilon", "zero_inner", "fp16_scale_bf16_x", "odd_address"],
+    ids=["negative_epsilon", "zero_inner", "fp16_scale_bf16_x", "fp32_scale_fp64_x", "odd_address"],
 )
 def test_parameter_checks_emulated(emu, change, message):
     x_dt = DTYPES[change.pop("x_dtype", "float32")]
@@ -477,7 +486,7 @@ def test_config_family_emulated(emu, change, family):
 def test_config_vector_width_emulated(emu, dtype):
     size = DTYPES[dtype].itemsize
     full = 16 // size
-    assert full == (4 if dtype == "float32" else 8)
+    assert full == {"float32": 4, "float64": 2}.get(dtype, 8)
 
     def vec(**addrs):
         return emu.config(dtype, 8, 4096, **addrs).vec
@@ -591,11 +600,12 @@ def test_lanes_count_idle_threads_emulated(emu, rng):
 # ----------------------------------------------------------------------------- long rows
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("seed", [0, 5])
 def test_long_rows_read_once_emulated(emu, rng, dtype, seed):
     """Hidden 65536 on sm_90: 2 vectors per thread in registers, the rest in shared memory: each
-    element of X is loaded once, whatever the dtype."""
+    element of X is loaded once, whatever the dtype (up to 4-byte ones: a float64 row is 512 KB,
+    more than an SM holds)."""
     dt = DTYPES[dtype]
     x = filled(data(rng, (2, 65536)), dt)
     scale, _ = make_params(rng, 65536, dt, "scale")
@@ -617,6 +627,10 @@ LARGE_CASES = [
     ("bfloat16", 1e30, 8192),
     ("bfloat16", 1e25, 65536),
     ("float16", 1e4, 4096),  # fp16 cannot overflow float32's sum: the ordinary path
+    ("float64", 1e160, 33),  # float64 squares overflow: the float64 rescue, 2^-k up to 2^-1022
+    ("float64", 1e300, 4096),
+    ("float64", 1e155, 65536),
+    ("float64", 1e30, 1000),  # float64 holds these squares: the ordinary path
 ]
 
 

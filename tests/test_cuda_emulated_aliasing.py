@@ -18,7 +18,7 @@ from cuda_emulator import DTYPES, buffer, filled
 
 from rmsnorm_onnx import reference
 
-UINT = {2: np.uint16, 4: np.uint32}
+UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 # (dtype, hidden, device): the kernel shapes. sm_75's 64 KB of shared memory leaves most of a
 # 65536-wide row to be read again in the normalize pass; 65537 columns run the Generic kernel.

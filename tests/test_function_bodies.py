@@ -22,7 +22,7 @@ from onnx.reference import ReferenceEvaluator
 from rmsnorm_onnx import onnx_io, op_functions, op_schema, reference
 from rmsnorm_onnx.runtime import session
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "float16", "bfloat16", "float64")
 # which optional inputs, and their dtype ("x": X's)
 PARAMS = {
     "plain": (False, False, "x"),
@@ -53,9 +53,11 @@ def one_node_model(
     opset: int = 18,
     skip_shape: tuple[int, ...] = SHAPE,
     default_domain: str = "",
+    skip_dtype: str | None = None,
 ) -> onnx.ModelProto:
     """X (and skip) -> one node of ours -> Y (and S), with bodies attached; graph inputs of
-    X's type (float32 for bfloat16, cast inside)."""
+    X's type (float32 for bfloat16, cast inside); skip (and S) of ``skip_dtype`` (X's)."""
+    skip_dtype = skip_dtype or dtype
     with_scale, with_bias, pdtype = PARAMS[params]
     pdtype = dtype if pdtype == "x" else pdtype
     norm_shape = list(SHAPE[axis % len(SHAPE) :])
@@ -72,11 +74,14 @@ def one_node_model(
     x_shape = ["batch", *SHAPE[1:]]
     names = [graph_input("x", dtype, x_shape)]
     if skip:
-        names.append(graph_input("skip", dtype, list(skip_shape)))
+        names.append(graph_input("skip", skip_dtype, list(skip_shape)))
     names.append(graph_input("scale", pdtype, norm_shape) if with_scale else "")
     names.append(graph_input("bias", pdtype, norm_shape) if with_bias else "")
     outs = ["y", "s"] if op.endswith("+S") else ["y"]
-    node_outs = [f"{o}_bf16" if dtype == "bfloat16" else o for o in outs]
+    out_dtypes = [dtype, skip_dtype][: len(outs)]
+    node_outs = [
+        f"{o}_bf16" if d == "bfloat16" else o for o, d in zip(outs, out_dtypes, strict=True)
+    ]
     make = op_schema.make_skip_node if skip else op_schema.make_node
     nodes.append(
         make(names, node_outs, name="norm", epsilon=EPSILON, axis=axis, eps_outside=eps_outside)
@@ -88,7 +93,10 @@ def one_node_model(
         nodes,
         "one_norm",
         inputs,
-        [helper.make_tensor_value_info(o, _io_type(dtype), x_shape) for o in outs],
+        [
+            helper.make_tensor_value_info(o, _io_type(d), x_shape)
+            for o, d in zip(outs, out_dtypes, strict=True)
+        ],
     )
     opsets = [helper.make_opsetid(default_domain, opset), op_schema.opset_import()]
     model = helper.make_model(graph, opset_imports=opsets)
@@ -98,16 +106,20 @@ def one_node_model(
 
 
 def feeds_and_expected(rng, op: str, dtype: str, params: str, axis: int, eps_outside: bool, *,
-                       skip_shape: tuple[int, ...] = SHAPE):  # fmt: skip
-    """(feeds, expected Y in float64, expected S in X's dtype or None)."""
+                       skip_shape: tuple[int, ...] = SHAPE,
+                       skip_dtype: str | None = None):  # fmt: skip
+    """(feeds, expected Y in float64, expected S in its dtype or None)."""
     with_scale, with_bias, pdtype = PARAMS[params]
     pdtype = dtype if pdtype == "x" else pdtype
     norm_shape = SHAPE[axis % len(SHAPE) :]
     x = quantize(rng.standard_normal(SHAPE) * 2.0 + 0.25, dtype)
-    skip = quantize(rng.standard_normal(skip_shape), dtype) if op != "RMSNorm" else None
+    skip = (
+        quantize(rng.standard_normal(skip_shape), skip_dtype or dtype) if op != "RMSNorm" else None
+    )
     scale = quantize(rng.uniform(0.5, 1.5, norm_shape), pdtype) if with_scale else None
     bias = quantize(rng.standard_normal(norm_shape), pdtype) if with_bias else None
-    attrs = {"epsilon": EPSILON, "axis": axis, "eps_outside": eps_outside}
+    # epsilon as the float32 attribute the node holds (what float64 sees to the last bits)
+    attrs = {"epsilon": float(np.float32(EPSILON)), "axis": axis, "eps_outside": eps_outside}
     if skip is None:
         y, s = reference.rms_norm(x, scale, bias, **attrs), None
     else:
@@ -154,8 +166,8 @@ def _cases():
     for op in OPS:
         for dtype in DTYPES:
             for params, (_, _, pdtype) in PARAMS.items():
-                if pdtype == "float32" and dtype == "float32":
-                    continue  # the same as scale_bias
+                if pdtype == "float32" and dtype in ("float32", "float64"):
+                    continue  # float32: the same as scale_bias; float64 takes no float32
                 for axis in AXES:
                     for outside in (False, True):
                         eps = "outside" if outside else "inside"
@@ -179,6 +191,58 @@ def test_every_variant_runs_alike_with_and_without_the_library(
     if ort.__version__.startswith("1.21."):
         return  # its onnx-side checks run in the main venv; this one tests onnxruntime 1.21
     check_outputs(in_reference_evaluator(model, feeds), y, s, dtype)
+
+
+RESIDUAL_CASES = [
+    pytest.param(op, d, p, axis, id=f"{op}-{d}-{p}-axis{axis}")
+    for op in ("SkipRMSNorm", "SkipRMSNorm+S")
+    for d in ("float16", "bfloat16")
+    for p in ("plain", "scale_bias", "float32_params")
+    for axis in (-1, 0)
+]
+
+
+@pytest.mark.parametrize(("op", "dtype", "params", "axis"), RESIDUAL_CASES)
+def test_float32_residual_stream_runs_alike_with_and_without_the_library(
+    rng, fused_library, op, dtype, params, axis
+) -> None:
+    """A half X with a float32 skip: S = X + skip in float32 (bit for bit), Y in X's type."""
+    model = one_node_model(op, dtype, params, axis, False, skip_dtype="float32")
+    op_schema.register()
+    onnx.checker.check_model(model, full_check=True)
+    (body,) = model.functions
+    assert "residual_float" in body.doc_string
+    feeds, y, s = feeds_and_expected(rng, op, dtype, params, axis, False, skip_dtype="float32")
+    assert s is None or s.dtype == np.float32
+    check_outputs(with_library(model, feeds), y, s, dtype)
+    check_outputs(without_library(model, feeds), y, s, dtype)
+    check_outputs(in_reference_evaluator(model, feeds), y, s, dtype)
+
+
+def test_double_and_float_nodes_get_bodies_of_their_compute_type(rng) -> None:
+    """A float64 node beside a float32 one: two bodies (one an overload), each in its type."""
+    model = one_node_model("RMSNorm", "float32", "scale", -1, False)
+    double = one_node_model("RMSNorm", "float64", "scale", -1, False)
+    op_functions.remove(double)
+    for value in double.graph.input:
+        value.name += "64"
+    node = double.graph.node[0]
+    node.input[:] = [f"{n}64" for n in node.input]
+    node.output[:] = ["y64"]
+    node.name = "norm64"
+    double.graph.output[0].name = "y64"
+    model.graph.node.append(node)
+    model.graph.input.extend(double.graph.input)
+    model.graph.output.extend(double.graph.output)
+    op_functions.attach(model)
+    labels = sorted(f.doc_string.split("(")[1].split(")")[0] for f in model.functions)
+    assert labels == ["scale", "scale_double"]
+    feeds, y, _ = feeds_and_expected(rng, "RMSNorm", "float32", "scale", -1, False)
+    feeds64, y64, _ = feeds_and_expected(rng, "RMSNorm", "float64", "scale", -1, False)
+    feeds.update({f"{k}64": v for k, v in feeds64.items()})
+    outs = without_library(model, feeds)
+    check_outputs(outs[:1], y, None, "float32")
+    check_outputs(outs[1:], y64, None, "float64")
 
 
 @pytest.mark.parametrize("skip_shape", [(4, 8), (1, 4, 8)], ids=["2d", "leading1"])

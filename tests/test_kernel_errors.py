@@ -101,7 +101,7 @@ def test_attribute_of_the_wrong_kind_fails_at_session_creation(op, name, value, 
 # --- session creation: element types -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [TensorProto.DOUBLE, TensorProto.INT32, TensorProto.INT64])
+@pytest.mark.parametrize("dtype", [TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8])
 def test_unsupported_x_type_fails_at_session_creation(dtype):
     name = helper.tensor_dtype_to_string(dtype).removeprefix("TensorProto.").lower()
     node = op_schema.make_node(["x"], ["y"], name="rmsnorm")
@@ -115,7 +115,7 @@ def test_unsupported_x_type_fails_at_session_creation(dtype):
         graph, opset_imports=[helper.make_opsetid("", 18), op_schema.opset_import()]
     )
     # ORT's type check of the node names the input's type and the node
-    expected = {"double": "double", "int32": "int32", "int64": "int64"}[name]
+    expected = {"int32": "int32", "int64": "int64", "uint8": "uint8"}[name]
     with pytest.raises(ORT_ERRORS, match=rf"(?s)tensor\({expected}\).*RMSNorm"):
         kernel_session(model)
 
@@ -129,14 +129,19 @@ def test_unsupported_x_type_fails_at_session_creation(dtype):
         ("bfloat16", "bias", "float16"),
         ("float16", "scale", "float64"),
         ("float32", "scale", "int32"),
+        ("float32", "scale", "float64"),
+        # float64 computes in float64: its scale and bias are float64, like X
+        ("float64", "scale", "float32"),
+        ("float64", "bias", "float16"),
     ],
 )
 def test_parameter_type_mismatch_fails_at_session_creation(x_dtype, param, param_dtype):
     model = make_model(x_dtype, **{f"{param}_dtype": param_dtype})
-    p_name = {"float64": "double"}.get(param_dtype, param_dtype)
+    p_name = {"float64": "double", "float32": "float"}.get(param_dtype, param_dtype)
+    x_name = {"float64": "double", "float32": "float"}.get(x_dtype, x_dtype)
     rule = (
-        r"it must be tensor\(float\), like X"
-        if x_dtype == "float32"
+        rf"it must be tensor\({x_name}\), like X"
+        if x_dtype in ("float32", "float64")
         else rf"it must have X's type \(tensor\({x_dtype}\)\) or tensor\(float\)"
     )
     with pytest.raises(ORT_ERRORS, match=rf"{param} has type tensor\({p_name}\); {rule}"):

@@ -15,6 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from kernel_models import (
+    COMPUTE,
     DTYPES,
     ORT_ERRORS,
     assert_matches,
@@ -146,7 +147,8 @@ def test_skip_matches_reference_on_cuda(rng, dtype, x_shape, skip_shape, kind, w
     hidden = x_shape[-1]
     x = quantize(rng.standard_normal(x_shape) * 1.5, dtype)
     skip = quantize(rng.standard_normal(skip_shape), dtype)
-    scale_dtype = {"scale": dtype, "scale_f32": "float32", "scale_bias": dtype}.get(kind)
+    # scale_f32: X's compute type (float64's is itself)
+    scale_dtype = {"scale": dtype, "scale_f32": COMPUTE[dtype], "scale_bias": dtype}.get(kind)
     scale = None if scale_dtype is None else quantize(rng.uniform(0.5, 1.5, hidden), scale_dtype)
     bias = quantize(rng.standard_normal(hidden) * 0.1, dtype) if kind == "scale_bias" else None
     model = make_model(
@@ -297,3 +299,16 @@ def test_element_misaligned_buffer_is_a_clear_error_on_cuda(rng):
     with pytest.raises(RuntimeError, match="not aligned to its element size"):
         sess.run_with_iobinding(binding)
     np.testing.assert_array_equal(y.read(), x)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_float32_residual_stream_runs_on_the_cpu_beside_cuda(rng, dtype):
+    """The CUDA ops declare skip of X's type: a half X with a float32 skip is placed on the CPU
+    EP by onnxruntime (the CUDA kernel does not take it yet), and computes the contract there."""
+    x = quantize(rng.standard_normal((4, 768)), dtype)
+    skip = (rng.standard_normal((4, 768)) * 3e4).astype(np.float32)
+    model = make_model(dtype, skip_dtype="float32", with_sum=True)
+    y, s = run_skip(model, x, skip, providers=("cuda",))
+    expected_y, expected_s = reference.skip_rms_norm(x, skip)
+    assert_matches(y, expected_y, dtype)
+    assert_sum_exact(s, expected_s)

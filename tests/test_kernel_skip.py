@@ -49,25 +49,29 @@ def check_skip(
     axis: int,
     skip_shape: tuple[int, ...] | None = None,
     with_sum: bool = True,
+    skip_dtype: str | None = None,
 ) -> None:
     with_scale, with_bias, pdtype, eps_outside, epsilon = VARIANTS[variant]
     pdtype = dtype if pdtype == "x" else pdtype
     norm_shape = shape[axis % len(shape) :]
     x = quantize(rng.standard_normal(shape) * 2.0 + 0.25, dtype)
-    skip = quantize(rng.standard_normal(skip_shape or shape) * 3.0, dtype)
+    skip_dtype = skip_dtype or dtype
+    skip = quantize(rng.standard_normal(skip_shape or shape) * 3.0, skip_dtype)
     scale = quantize(rng.uniform(0.5, 1.5, norm_shape), pdtype) if with_scale else None
     bias = quantize(rng.standard_normal(norm_shape), pdtype) if with_bias else None
     attrs = {"epsilon": epsilon, "axis": axis, "eps_outside": eps_outside}
     model = make_model(
         dtype,
-        skip_dtype=dtype,
+        skip_dtype=skip_dtype,
         scale_dtype=pdtype if with_scale else None,
         bias_dtype=pdtype if with_bias else None,
         with_sum=with_sum,
         **attrs,
     )
     y, s = run_skip(model, x, skip, scale, bias)
-    expected_y, expected_s = reference.skip_rms_norm(x, skip, scale, bias, **attrs)
+    # the node holds epsilon as a float32 attribute (what float64 rows see to the last bits)
+    ref_attrs = {**attrs, "epsilon": float(np.float32(epsilon))}
+    expected_y, expected_s = reference.skip_rms_norm(x, skip, scale, bias, **ref_attrs)
     assert_matches(y, expected_y, dtype)
     if with_sum:
         assert_sum_exact(s, expected_s)
@@ -270,6 +274,8 @@ LARGE = {  # X, skip rows whose sum S has a float32 sum of squares that overflow
     "bfloat16": ([1e25, -3e25, 2e24, 5e25, 1.0], [1e25, 1e24, -2e24, 0.0, 1.0]),
     # fp16: S itself overflows to Inf, an Inf input from there on (its element NaN, the rest 0)
     "float16": ([60000.0, 1.0, -2.0, 3.0, 4.0], [60000.0, 1.0, 2.0, 3.0, 4.0]),
+    # fp64: a float64 sum of squares overflows
+    "float64": ([1e160, -3e160, 2e159, 5e160, 1.0], [1e160, 1e159, -2e159, 0.0, 1.0]),
 }
 
 
@@ -292,3 +298,100 @@ def test_large_rows(dtype, hidden):
     np.testing.assert_allclose(y[finite], expected_y[finite], rtol=rtol, atol=atol)
     if dtype != "float16":
         assert np.isfinite(y).all() and np.abs(y[0]).max() > 0.5
+
+
+# --- the float32 residual stream: a half X with a float32 skip, S float32 ------------------------
+
+RESIDUAL_CASES = [
+    pytest.param(d, v, shape, axis, id=f"{d}-{v}-{'x'.join(map(str, shape))}-axis{axis}")
+    for d in ("float16", "bfloat16")
+    for v in ("plain", "scale_bias", "float32_params", "eps_outside")
+    for shape, axis in [((5, 1), -1), ((3, 4097), -1), ((64, 1024), -1), ((2, 3, 4, 5), 1)]
+]
+
+
+@pytest.mark.parametrize(("dtype", "variant", "shape", "axis"), RESIDUAL_CASES)
+@pytest.mark.usefixtures("cpu_kernel")
+def test_float32_residual_stream(rng, dtype, variant, shape, axis):
+    # S = X + skip in float32, rounded nowhere (bit for bit float32's sum); Y in X's type
+    check_skip(rng, dtype, variant, shape, axis, skip_dtype="float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("with_sum", [True, False])
+@pytest.mark.usefixtures("cpu_kernel")
+def test_float32_residual_stream_keeps_what_half_loses(dtype, with_sum):
+    # a stream past float16's range (and below bfloat16's precision): S in X's type would be
+    # Inf or rounded; in float32 it is the exact sum, and Y the norm of that sum
+    x = quantize(np.linspace(-2.0, 2.0, 6 * 256).reshape(6, 256), dtype)
+    skip = np.linspace(7e4, 9e4, 6 * 256).reshape(6, 256).astype(np.float32)
+    skip[:, ::3] += np.float32(0.125)
+    model = make_model(dtype, skip_dtype="float32", with_sum=with_sum)
+    y, s = run_skip(model, x, skip)
+    expected_y, expected_s = reference.skip_rms_norm(x, skip)
+    assert expected_s.dtype == np.float32
+    assert np.isfinite(y).all()
+    assert_matches(y, expected_y, dtype)
+    if with_sum:
+        assert_sum_exact(s, expected_s)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("stream", ["0", "-1"])
+def test_float32_residual_stream_at_every_row_alignment(rng, monkeypatch, dtype, stream):
+    # 4097 columns: each row of X, skip and S starts at another offset within a line, so the
+    # streamed S and Y take every head length
+    monkeypatch.setenv("RMSNORM_ONNX_STREAM_MIN_BYTES", stream)
+    x = quantize(rng.standard_normal((16, 4097)), dtype)
+    skip = (rng.standard_normal((16, 4097)) * 100).astype(np.float32)
+    scale = quantize(rng.uniform(0.5, 1.5, 4097), dtype)
+    model = make_model(dtype, skip_dtype="float32", scale_dtype=dtype, with_sum=True)
+    y, s = run_skip(model, x, skip, scale)
+    expected_y, expected_s = reference.skip_rms_norm(x, skip, scale)
+    assert_sum_exact(s, expected_s)
+    assert_matches(y, expected_y, dtype)
+
+
+@pytest.mark.parametrize(
+    ("x_dtype", "skip_dtype", "param_dtype", "pattern"),
+    [
+        # a float32 skip is the stream of a half X only
+        ("float32", "float16", None, r"skip has type tensor\(float16\); it must have X's type"),
+        (
+            "float16",
+            "float64",
+            None,
+            r"skip has type tensor\(double\); it must have X's type "
+            r"\(tensor\(float16\)\) or tensor\(float\)",
+        ),
+        ("bfloat16", "float16", None, r"skip has type tensor\(float16\)"),
+        (
+            "float64",
+            "float32",
+            None,
+            r"skip has type tensor\(float\); it must have X's type "
+            r"\(tensor\(double\)\)",
+        ),
+        # scale or bias of a third type
+        ("float16", "float32", "bfloat16", r"scale has type tensor\(bfloat16\)"),
+        ("float16", "float32", "float64", r"scale has type tensor\(double\)"),
+    ],
+    ids=str,
+)
+def test_residual_stream_type_errors_at_session_creation(x_dtype, skip_dtype, param_dtype, pattern):
+    model = make_model(x_dtype, skip_dtype=skip_dtype, scale_dtype=param_dtype, with_sum=True)
+    with pytest.raises(ORT_ERRORS, match=rf"SkipRMSNorm node 'rmsnorm'.*{pattern}"):
+        session(model, providers=["cpu"])
+
+
+def test_residual_stream_sum_declared_in_x_type_is_an_error():
+    # the file says S is float16 while skip is float32: S = X + skip has skip's type
+    model = make_model("float16", skip_dtype="float32", with_sum=True)
+    model.graph.output[1].type.tensor_type.elem_type = TensorProto.FLOAT16
+    # onnxruntime types S from our registration (the op of a float32 skip declares S float32)
+    with pytest.raises(
+        ORT_ERRORS,
+        match=r"Type \(tensor\(float16\)\) of output arg \(s\) of node \(rmsnorm\) does not "
+        r"match expected type \(tensor\(float\)\)",
+    ):
+        session(model, providers=["cpu"])

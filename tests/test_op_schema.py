@@ -84,11 +84,51 @@ def test_unknown_attribute_is_refused_by_the_checker(op_type):
         onnx.checker.check_model(_model(node, ["y"], typed=True), full_check=True)
 
 
-def test_skip_of_another_type_is_refused_by_inference():
-    node = op_schema.make_skip_node(["x", "w"], ["y"])  # skip (float32) is not X's type
-    model = _model(node, ["y"])
-    with pytest.raises(onnx.shape_inference.InferenceError):
-        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+@pytest.mark.parametrize("x_type", [TensorProto.FLOAT16, TensorProto.BFLOAT16])
+def test_float32_skip_of_a_half_x_types_s_float32(x_type):
+    # the float32 residual stream: Y in X's type, S = X + skip in skip's (float32)
+    node = op_schema.make_skip_node(["x", "w", "w"], ["y", "s"])  # skip: the float32 w
+    model = _model(node, ["y", "s"])
+    model.graph.input[0].type.tensor_type.elem_type = x_type
+    model.graph.input[2].CopyFrom(helper.make_tensor_value_info("w", TensorProto.FLOAT, [8]))
+    inferred = _inferred(model)
+    assert inferred["y"][0] == x_type
+    assert inferred["s"] == (TensorProto.FLOAT, ["batch", "seq", 8])
+
+
+@pytest.mark.parametrize(
+    ("x_type", "skip_type"),
+    [
+        (TensorProto.FLOAT, TensorProto.FLOAT16),
+        (TensorProto.FLOAT16, TensorProto.DOUBLE),
+        (TensorProto.DOUBLE, TensorProto.FLOAT),
+        (TensorProto.FLOAT16, TensorProto.BFLOAT16),
+    ],
+)
+def test_skip_of_a_type_that_does_not_go_with_x_leaves_s_untyped(x_type, skip_type):
+    # (the kernels refuse the node at session creation; inference does not raise, so that a
+    # non-strict inference of the rest of the model still runs)
+    node = op_schema.make_skip_node(["x", "skip", "w"], ["y", "s"])
+    model = _model(node, ["y", "s"])
+    model.graph.input[0].type.tensor_type.elem_type = x_type
+    model.graph.input[1].type.tensor_type.elem_type = skip_type
+    inferred = _inferred(model)
+    assert inferred["y"][0] == x_type
+    assert inferred["s"][0] == TensorProto.UNDEFINED
+
+
+def test_double_takes_double_parameters():
+    node = op_schema.make_skip_node(["x", "skip", "w"], ["y", "s"])
+    model = _model(node, ["y", "s"])
+    for i in range(3):
+        model.graph.input[i].type.tensor_type.elem_type = TensorProto.DOUBLE
+    assert {t for t, _ in _inferred(model).values()} == {TensorProto.DOUBLE}
+    onnx.checker.check_model(onnx.shape_inference.infer_shapes(model), full_check=True)
+    assert op_schema.companion_types(TensorProto.DOUBLE) == (TensorProto.DOUBLE,)
+    assert op_schema.companion_types(TensorProto.FLOAT16) == (
+        TensorProto.FLOAT16,
+        TensorProto.FLOAT,
+    )
 
 
 def test_skip_is_required():

@@ -23,7 +23,10 @@ def make_inputs(
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(tensors of X's shape by input name, the weight over the last axis)."""
     rng = np.random.default_rng([seed, len(op.inputs), np.dtype(dtype).itemsize, *shape])
-    feeds = {n: rng.standard_normal(shape, dtype=np.float32).astype(dtype) for n in op.inputs}
+    feeds = {
+        n: rng.standard_normal(shape, dtype=np.float32).astype(op.dtype_of(n, dtype))
+        for n in op.inputs
+    }
     return feeds, rng.uniform(0.5, 1.5, shape[-1]).astype(dtype)
 
 

@@ -10,6 +10,7 @@ them.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 import statistics
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import RMSNormOnnxError, UsageError
+from ..onnx_io import ONNX_TYPES
 from . import check, models
 from .machine import default_threads
 from .ops import ALL_IMPLS, CEILING, DTYPES, OPS, OURS, TORCH, Op
@@ -84,10 +86,34 @@ def placed_tensors(
     import onnxruntime as ort
 
     feeds, weight = check.make_inputs(op, shape, dtype, seed)
-    values = {n: ort.OrtValue.ortvalue_from_numpy(v, device, 0) for n, v in feeds.items()}
+    values = {n: _ort_value(v, device) for n, v in feeds.items()}
     for name in op.outputs:
-        values[name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), device, 0)
+        values[name] = ort.OrtValue.ortvalue_from_shape_and_type(
+            shape, ONNX_TYPES[op.dtype_of(name, dtype)], device, 0
+        )
     return feeds, weight, values
+
+
+def _ort_value(array: np.ndarray, device: str) -> Any:
+    """An OrtValue holding ``array``; bfloat16 (which onnxruntime does not take from NumPy) by
+    its bits, on the CPU."""
+    import onnxruntime as ort
+
+    if array.dtype.name != "bfloat16":
+        return ort.OrtValue.ortvalue_from_numpy(array, device, 0)
+    if device != "cpu":
+        raise UsageError("bfloat16 is benchmarked on the CPU only")
+    value = ort.OrtValue.ortvalue_from_shape_and_type(array.shape, ONNX_TYPES["bfloat16"])
+    array = np.ascontiguousarray(array)
+    ctypes.memmove(value.data_ptr(), array.ctypes.data, array.nbytes)
+    return value
+
+
+def _cpu_array(value: Any, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A copy of a CPU OrtValue's data as a NumPy array (bfloat16 included)."""
+    dt = np.dtype(dtype)
+    raw = (ctypes.c_uint8 * (math.prod(shape) * dt.itemsize)).from_address(value.data_ptr())
+    return np.frombuffer(bytes(raw), dt).reshape(shape)
 
 
 def bind(sess: Any, op: Op, outputs: Sequence[str], values: dict[str, Any]) -> Any:
@@ -120,7 +146,11 @@ def _ort_runner(
     binding = bind(sess, op, outputs, values)
 
     def outputs_now() -> dict[str, np.ndarray]:
-        return dict(zip(outputs, sess.run(list(outputs), feeds), strict=True))
+        if all(a.dtype.name != "bfloat16" for a in feeds.values()):
+            return dict(zip(outputs, sess.run(list(outputs), feeds), strict=True))
+        sess.run_with_iobinding(binding)  # (bfloat16: on the CPU, read from the bound buffers)
+        shape = tuple(feeds["x"].shape)
+        return {n: _cpu_array(values[n], shape, op.dtype_of(n, str(weight.dtype))) for n in outputs}
 
     return lambda: sess.run_with_iobinding(binding), outputs_now
 
@@ -184,6 +214,8 @@ def run(
             for shape in op.shapes if shapes is None else shapes:
                 shape = tuple(int(d) for d in shape)
                 for dtype in dtypes:
+                    if op.dtypes and dtype not in op.dtypes:
+                        continue  # (the float32 residual stream is one of half types)
                     if progress:
                         progress(f"{op.name} {'x'.join(map(str, shape))} {dtype} on {provider}")
                     measurement = _Measurement(op, shape, dtype, provider, threads, seed)
@@ -215,13 +247,17 @@ class _Measurement:
         if self.provider != "cpu":
             self.notes[CEILING] = "memory ceiling measured on the CPU only"
             return None
+        # pairs (input -> output) of X's bytes each; a wide (float32) tensor of a half X is two
+        # such pieces
+        chunk = math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        sources, destinations = [], []
+        for src, dst in zip(self.op.inputs, self.op.outputs, strict=True):
+            total = math.prod(self.shape) * self.op.itemsize_of(src, np.dtype(self.dtype).itemsize)
+            for at in range(0, total, chunk):
+                sources.append(self.values[src].data_ptr() + at)
+                destinations.append(self.values[dst].data_ptr() + at)
         try:
-            return StreamCopy(
-                [self.values[n].data_ptr() for n in self.op.inputs],
-                [self.values[n].data_ptr() for n in self.op.outputs],
-                math.prod(self.shape) * np.dtype(self.dtype).itemsize,
-                self.threads,
-            )
+            return StreamCopy(sources, destinations, chunk, self.threads)
         except RMSNormOnnxError as e:
             self.notes[CEILING] = f"no memory ceiling: {e}"
             return None

@@ -3,7 +3,8 @@ maker per (op, implementation) in ``NODE_MAKERS``, made into a model by ``build`
 
 Every model of an op has the op's inputs (``x``, and ``skip`` for the residual form) and writes
 the outputs it computes under the op's names (``y``, and the sum ``s``), with a weight of X's
-type over the last axis; leading dims are symbolic, the hidden size fixed.
+type over the last axis; leading dims are symbolic, the hidden size fixed. An op's ``wide``
+tensors (the float32 residual stream's skip and s) are float32 whatever X's type.
 """
 
 from __future__ import annotations
@@ -108,6 +109,41 @@ def _skip_add_decomposed(dtype: str, w: np.ndarray):
     return [_add(), *nodes], consts, 18, ("y", "s")
 
 
+# the float32 residual stream (skip and s float32, x and y of a half type)
+
+
+def _cast(src: str, dst: str, to: int) -> onnx.NodeProto:
+    return helper.make_node("Cast", [src], [dst], to=to)
+
+
+def _skip_f32_ours(dtype: str, w: np.ndarray):
+    return _skip_ours(dtype, w)
+
+
+def _skip_f32_sln(dtype: str, w: np.ndarray):
+    nodes = [
+        _cast("x", "xf", TensorProto.FLOAT),
+        _cast("w", "w32", TensorProto.FLOAT),  # (a constant: onnxruntime folds it)
+        helper.make_node("Add", ["xf", "skip"], ["s"]),
+        helper.make_node(ORT_NORM, ["s", "w32"], ["yf"], axis=-1, epsilon=EPSILON),
+        _cast("yf", "y", ONNX_TYPES[dtype]),
+    ]
+    return nodes, [], 18, ("y", "s")
+
+
+def _skip_f32_skip_sln(dtype: str, w: np.ndarray):
+    norm = helper.make_node(
+        ORT_SKIP_NORM, ["xf", "skip", "w32"], ["yf", "", "", "s"], domain=MS_DOMAIN, epsilon=EPSILON
+    )
+    nodes = [
+        _cast("x", "xf", TensorProto.FLOAT),
+        _cast("w", "w32", TensorProto.FLOAT),
+        norm,
+        _cast("yf", "y", ONNX_TYPES[dtype]),
+    ]
+    return nodes, [], 18, ("y", "s")
+
+
 NODE_MAKERS: dict[tuple[str, str], NodeMaker] = {
     ("rmsnorm", OURS): _rms_ours,
     ("rmsnorm", "decomposed"): _rms_decomposed,
@@ -118,6 +154,9 @@ NODE_MAKERS: dict[tuple[str, str], NodeMaker] = {
     ("skip", ORT_SKIP_NORM): _skip_ort,
     ("skip", "Add+rmsnorm_onnx"): _skip_add_ours,
     ("skip", "Add+decomposed"): _skip_add_decomposed,
+    ("skip_f32", OURS): _skip_f32_ours,
+    ("skip_f32", "Cast+Add+SimplifiedLayerNormalization+Cast"): _skip_f32_sln,
+    ("skip_f32", "Cast+SkipSimplifiedLayerNormalization+Cast"): _skip_f32_skip_sln,
 }
 
 
@@ -128,13 +167,16 @@ def build(
     if (op.name, impl) not in NODE_MAKERS:
         raise ValueError(f"no ONNX model for {impl!r} of {op.name}")
     nodes, inits, opset, outputs = NODE_MAKERS[op.name, impl](dtype, weight)
-    t = ONNX_TYPES[dtype]
     dims: list[int | str] = [f"d{i}" for i in range(len(shape) - 1)] + [shape[-1]]
+
+    def value(name: str) -> onnx.ValueInfoProto:  # in its type: X's, or float32 if wide
+        return helper.make_tensor_value_info(name, ONNX_TYPES[op.dtype_of(name, dtype)], dims)
+
     graph = helper.make_graph(
         nodes,
         f"bench_{op.name}",
-        [helper.make_tensor_value_info(name, t, dims) for name in op.inputs],
-        [helper.make_tensor_value_info(name, t, dims) for name in outputs],
+        [value(name) for name in op.inputs],
+        [value(name) for name in outputs],
         initializer=[_const("w", weight), *inits],
     )
     opsets = [helper.make_opsetid("", opset)]

@@ -19,9 +19,10 @@ CEILING = "ceiling"
 EPSILON = 1e-6
 # the element types the benchmark times, with their sizes in bytes (for the CLI's size check,
 # which must not import numpy)
-ITEMSIZES = {"float32": 4, "float16": 2}
+ITEMSIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DTYPES = tuple(ITEMSIZES)
-DEFAULT_DTYPES = DTYPES
+DEFAULT_DTYPES = ("float32", "float16")
+WIDE = "float32"  # the type of an op's `wide` tensors (a float32 residual stream)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class Op:
     inputs: tuple[str, ...]  # tensors of X's shape fed to every implementation
     outputs: tuple[str, ...]  # tensors of X's shape every implementation writes
     goals: tuple[Goal, ...]
+    wide: tuple[str, ...] = ()  # of those, the ones in float32 whatever X's type (WIDE)
+    dtypes: tuple[str, ...] = ()  # the X types it is timed for (empty: every one asked for)
 
     @property
     def impl_names(self) -> tuple[str, ...]:
@@ -71,14 +74,22 @@ class Op:
     def impl(self, name: str) -> Impl:
         return next(i for i in self.impls if i.name == name)
 
+    def dtype_of(self, name: str, dtype: str) -> str:
+        """The element type of tensor ``name`` when X has ``dtype``."""
+        return WIDE if name in self.wide else dtype
+
+    def itemsize_of(self, name: str, itemsize: int) -> int:
+        return ITEMSIZES[WIDE] if name in self.wide else itemsize
+
     def moved_bytes(self, shape: tuple[int, ...], itemsize: int) -> int:
-        """Bytes every implementation must move: its inputs read, its outputs written, the
-        weight read."""
-        return ((len(self.inputs) + len(self.outputs)) * math.prod(shape) + shape[-1]) * itemsize
+        """Bytes every implementation must move: its inputs read, its outputs written (each in
+        its type), the weight (X's type) read."""
+        per_element = sum(self.itemsize_of(n, itemsize) for n in (*self.inputs, *self.outputs))
+        return per_element * math.prod(shape) + shape[-1] * itemsize
 
     def copied_bytes(self, shape: tuple[int, ...], itemsize: int) -> int:
         """Bytes the ceiling's copy moves: each input read and written to an output."""
-        return 2 * len(self.inputs) * math.prod(shape) * itemsize
+        return 2 * sum(self.itemsize_of(n, itemsize) for n in self.inputs) * math.prod(shape)
 
 
 # decode (1, 8 rows), per-head rows (hidden 128), and the big shapes of LLaMA-sized models
@@ -128,7 +139,30 @@ SKIP = Op(
     ),
 )
 
-OPS: dict[str, Op] = {op.name: op for op in (RMSNORM, SKIP)}
+# the float32 residual stream: a half X (and Y) with a float32 skip and S
+_CAST_SLN = "Cast+Add+SimplifiedLayerNormalization+Cast"
+_CAST_SKIP_SLN = "Cast+SkipSimplifiedLayerNormalization+Cast"
+SKIP_F32 = Op(
+    name="skip_f32",
+    title="SkipRMSNorm, float32 residual stream (X and Y half; skip and S float32)",
+    impls=(
+        Impl(OURS, "our SkipRMSNorm of a half X with a float32 skip (S float32)"),
+        Impl(_CAST_SLN, "X cast to float32, an Add, ORT's norm in float32, Y cast to X's type"),
+        Impl(_CAST_SKIP_SLN, "X cast to float32, ORT's contrib skip op in float32, Y cast back"),
+    ),
+    shapes=((2048, 4096), (16384, 768), (8, 4096)),
+    inputs=("x", "skip"),
+    outputs=("y", "s"),
+    wide=("skip", "s"),
+    dtypes=("float16", "bfloat16"),
+    goals=(
+        Goal(_CAST_SLN, 1.0),
+        Goal(_CAST_SKIP_SLN, 1.0),
+        Goal(CEILING, 0.85, min_elements=_BIG),
+    ),
+)
+
+OPS: dict[str, Op] = {op.name: op for op in (RMSNORM, SKIP, SKIP_F32)}
 ALL_IMPLS = tuple(dict.fromkeys(name for op in OPS.values() for name in op.impl_names))
 
 

@@ -18,7 +18,7 @@ from . import argtypes, console
 from .progress import Progress
 
 MODES = ("decomposed", "fused", "standard")
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "float16", "bfloat16", "float64")
 DEFAULT_MODEL = "rmsnorm-layer"
 ALIASES = {"seeds": "rmsnorm-layer"}
 # rmsnorm_onnx.samples.SAMPLES, which imports torch; named here so a wrong name fails at once

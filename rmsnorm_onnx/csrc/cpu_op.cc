@@ -21,11 +21,11 @@ struct State {
   DType x_dtype = DType::kFloat32;
   std::string label;
   RowsFn rows_fn = nullptr;
-  ToFloatFn to_float = nullptr;
-  // constant (initializer) scale/bias ([0], [1]), read at session creation; float32 values of
-  // half ones
+  ToComputeFn to_compute = nullptr;
+  // constant (initializer) scale/bias ([0], [1]), read at session creation; the compute-type
+  // values of those of another type (half ones of a half X), in storage aligned for any type
   ParamView constant[2];
-  std::vector<float> constant_values[2];
+  std::vector<double> constant_values[2];
   int64_t stream_min_bytes = 0;
   int64_t stream_min_row_bytes = 0;
 };
@@ -86,16 +86,21 @@ void ChooseRows(State& s) {
 #if defined(RMSNORM_ONNX_HAVE_AVX2_ROWS)
   if (avx2) {
     s.rows_fn = &rows_avx2::NormalizeRows;
-    s.to_float = &rows_avx2::ToFloat;
+    s.to_compute = &rows_avx2::ToCompute;
     return;
   }
 #endif
   s.rows_fn = &rows_portable::NormalizeRows;
-  s.to_float = &rows_portable::ToFloat;
+  s.to_compute = &rows_portable::ToCompute;
 }
 
 // Reads a constant scale or bias (an initializer) once, at session creation, converting half
-// and bfloat16 values to float32.
+// and bfloat16 values to X's compute type (float32).
+// How many doubles hold n values of `type` (buffers are vectors of double: aligned for any type).
+size_t Doubles(int64_t n, DType type) {
+  return (static_cast<size_t>(n) * ElementBytes(type) + sizeof(double) - 1) / sizeof(double);
+}
+
 void CacheConstants(const Ort::ConstKernelInfo& info, State& s) {
   const size_t first = FirstParamInput(s.kind);
   for (size_t k = 0; k < 2 && first + k < info.GetInputCount(); ++k) {
@@ -112,14 +117,15 @@ void CacheConstants(const Ort::ConstKernelInfo& info, State& s) {
     auto type_info = value.GetTensorTypeAndShapeInfo();
     ParamView view;
     if (!FromOnnx(type_info.GetElementType(), &view.dtype)) continue;  // CheckInputTypes says why
-    if (view.dtype != s.x_dtype && view.dtype != DType::kFloat32) continue;
+    const DType compute = ComputeType(s.x_dtype);
+    if (view.dtype != s.x_dtype && view.dtype != compute) continue;
     view.shape = type_info.GetShape();
     view.data = value.GetTensorRawData();
     view.present = true;
-    if (view.dtype != DType::kFloat32) {
+    if (view.dtype != compute) {
       const auto n = static_cast<int64_t>(type_info.GetElementCount());
-      s.constant_values[k].resize(static_cast<size_t>(n));
-      s.to_float(view.dtype, view.data, n, s.constant_values[k].data());
+      s.constant_values[k].resize(Doubles(n, compute));
+      s.to_compute(view.dtype, view.data, n, s.constant_values[k].data());
     }
     s.constant[k] = view;
   }
@@ -149,33 +155,47 @@ void RunTask(void* data, size_t task) {
   if (begin < end) job.fn(*job.args, begin, end);
 }
 
-// The float32 value of a scale/bias for every col: the tensor itself when it already is that
-// (and is aligned to float: a caller's buffer need not be), else converted (or taken from the
-// constant cache) and expanded into the buffers. (Nothing is allocated for a float32 or constant
-// parameter of one value per col, the common case: a call of a 1x4096 RMSNorm takes ~5 us.)
-const float* ParamFloats(const State& s, size_t index, const ParamView& p, const Problem& problem,
-                         std::vector<float>& values_buf, std::vector<float>& expanded_buf) {
+// The value of a scale/bias for every col, in X's compute type C: the tensor itself when it
+// already is that (and is aligned to C: a caller's buffer need not be), else converted (or taken
+// from the constant cache) and expanded into the buffers. (Nothing is allocated for a parameter
+// of the compute type or a constant one, of one value per col, the common case: a call of a
+// 1x4096 RMSNorm takes ~5 us.)
+template <typename C>
+const C* ParamValues(const State& s, size_t index, const ParamView& p, const Problem& problem,
+                     std::vector<double>& values_buf, std::vector<double>& expanded_buf) {
   if (!p.present) return nullptr;
+  const DType compute = ComputeType(problem.x_dtype);
   const int64_t count = ElementCount(p.shape);
-  const float* values = nullptr;
-  if (p.dtype == DType::kFloat32 && reinterpret_cast<uintptr_t>(p.data) % alignof(float) == 0) {
-    values = static_cast<const float*>(p.data);
-  } else if (p.dtype == DType::kFloat32) {
-    values_buf.resize(static_cast<size_t>(count));
-    std::memcpy(values_buf.data(), p.data, static_cast<size_t>(count) * sizeof(float));
-    values = values_buf.data();
+  const C* values = nullptr;
+  if (p.dtype == compute && reinterpret_cast<uintptr_t>(p.data) % alignof(C) == 0) {
+    values = static_cast<const C*>(p.data);
+  } else if (p.dtype == compute) {
+    values_buf.resize(Doubles(count, compute));
+    std::memcpy(values_buf.data(), p.data, static_cast<size_t>(count) * sizeof(C));
+    values = reinterpret_cast<const C*>(values_buf.data());
   } else if (s.constant[index].present && p.data == s.constant[index].data) {
-    values = s.constant_values[index].data();
+    values = reinterpret_cast<const C*>(s.constant_values[index].data());
   } else {
-    values_buf.resize(static_cast<size_t>(count));
-    s.to_float(p.dtype, p.data, count, values_buf.data());
-    values = values_buf.data();
+    values_buf.resize(Doubles(count, compute));
+    s.to_compute(p.dtype, p.data, count, values_buf.data());
+    values = reinterpret_cast<const C*>(values_buf.data());
   }
   const int64_t cols = problem.cols;
   if (p.simple && p.inner == 1 && p.period == cols) return values;
-  expanded_buf.resize(static_cast<size_t>(cols));
-  ExpandToFloat(values, p, problem.norm_shape, cols, expanded_buf.data());
-  return expanded_buf.data();
+  expanded_buf.resize(Doubles(cols, compute));
+  auto* expanded = reinterpret_cast<C*>(expanded_buf.data());
+  ExpandParam(values, p, problem.norm_shape, cols, expanded);
+  return expanded;
+}
+
+// Scale and bias in X's compute type.
+void SetParams(const State& s, const Problem& p, std::vector<double> (&buffers)[4],
+               RowArgs& args) {
+  VisitDType(p.x_dtype, [&](auto d) {
+    using C = typename Scalar<decltype(d)::value>::Compute;
+    args.scale = ParamValues<C>(s, 0, p.scale, p, buffers[0], buffers[1]);
+    args.bias = ParamValues<C>(s, 1, p.bias, p, buffers[2], buffers[3]);
+  });
 }
 
 }  // namespace
@@ -208,15 +228,15 @@ OrtStatus* CpuKernel::Compute(void* kernel, OrtKernelContext* context) noexcept 
     thread_local Problem p;  // this thread's, reused: see PrepareProblem
     PrepareProblem(ctx, s.kind, s.attrs, s.x_dtype, s.label, s.constant, p);
     if (p.rows == 0 || p.cols == 0) return;
-    std::vector<float> buffers[4];
+    std::vector<double> buffers[4];
     RowArgs args;
     args.dtype = p.x_dtype;
     args.x = p.x;
     args.y = p.y;
-    args.scale = ParamFloats(s, 0, p.scale, p, buffers[0], buffers[1]);
-    args.bias = ParamFloats(s, 1, p.bias, p, buffers[2], buffers[3]);
+    SetParams(s, p, buffers, args);
     args.x_map = p.x_map;
     args.skip = p.skip;
+    args.skip_dtype = p.skip_dtype;
     args.skip_map = p.skip_map;
     args.sum = p.sum;
     args.cols = p.cols;

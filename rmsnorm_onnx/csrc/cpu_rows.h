@@ -1,8 +1,10 @@
 // The CPU row kernels: RMSNorm of contiguous rows, one pass over each row (sum of squares, then
-// the scaled write; the second read of a row comes from cache), float32 arithmetic. SkipRMSNorm
-// adds a second row source: the first pass forms S = X + skip rounded to X's type and writes it
-// to the output S, which the second pass reads back from cache; where the graph does not use S,
-// or S is streamed past the cache, S goes (also) to a per-thread row buffer read from there.
+// the scaled write; the second read of a row comes from cache), in X's compute type (dtype.h:
+// float32, float64 for float64). SkipRMSNorm adds a second row source: the first pass forms
+// S = X + skip rounded to skip's type (X's, or for a half X a float32 skip: the float32 residual
+// stream, S float32, rounded nowhere) and writes it to the output S, which the second pass reads
+// back from cache; where the graph does not use S, or S is streamed past the cache, S goes
+// (also) to a per-thread row buffer read from there.
 //
 // Two builds of the same algorithm: a portable one (written so compilers vectorize it at the
 // baseline ISA) and, on x86-64, an AVX2+FMA+F16C one picked at run time. Keep this header free of
@@ -25,12 +27,13 @@
 namespace rmsnorm_onnx {
 
 struct RowArgs {
-  DType dtype = DType::kFloat32;   // X, skip, Y, S
+  DType dtype = DType::kFloat32;   // X, Y
+  DType skip_dtype = DType::kFloat32;  // skip, S: dtype, or (half X) its compute type
   const void* x = nullptr;         // [x_map.rows, cols]; output row r reads MapRow(x_map, r)
   RowMap x_map;
   void* y = nullptr;               // [rows, cols]
-  const float* scale = nullptr;    // [cols] or nullptr
-  const float* bias = nullptr;     // [cols] or nullptr
+  const void* scale = nullptr;     // [cols] of ComputeType(dtype), or nullptr
+  const void* bias = nullptr;      // [cols] of ComputeType(dtype), or nullptr
   const void* skip = nullptr;      // SkipRMSNorm: [skip_map.rows, cols], as x
   RowMap skip_map;
   void* sum = nullptr;             // SkipRMSNorm: S [rows, cols], or nullptr (not written)
@@ -41,25 +44,28 @@ struct RowArgs {
 };
 
 using RowsFn = void (*)(const RowArgs& args, int64_t row_begin, int64_t row_end);
-// Converts n values of type `dtype` to float32.
-using ToFloatFn = void (*)(DType dtype, const void* src, int64_t n, float* dst);
+// Converts n values of type `dtype` to its compute type (dst: n values of ComputeType(dtype)).
+using ToComputeFn = void (*)(DType dtype, const void* src, int64_t n, void* dst);
 
 namespace rows_portable {
 void NormalizeRows(const RowArgs& args, int64_t row_begin, int64_t row_end);
-void ToFloat(DType dtype, const void* src, int64_t n, float* dst);
+void ToCompute(DType dtype, const void* src, int64_t n, void* dst);
 }  // namespace rows_portable
 namespace rows_avx2 {
+// float64 rows are the portable kernel's (memory-bound: the compiler's SSE2/AVX code of it
+// moves the bytes as fast)
 void NormalizeRows(const RowArgs& args, int64_t row_begin, int64_t row_end);
-void ToFloat(DType dtype, const void* src, int64_t n, float* dst);
+void ToCompute(DType dtype, const void* src, int64_t n, void* dst);
 }  // namespace rows_avx2
 
 // Shared by both kernels (compiled for the baseline ISA, in cpu_rows_portable.cc).
 namespace rows_common {
-// The factor a row of n values (of type args.dtype, at `row`) is multiplied by, from its sum of
-// squares `ss` as the kernel accumulated it (float32 lanes). A sum that overflowed float32 (inf)
-// in a row that holds no Inf/NaN is recomputed in float64, which cannot overflow; ordinary rows
-// pay one comparison.
-float RowFactor(const RowArgs& args, const void* row, double ss);
+// The factor a row of n values (of type `row_dtype`, at `row`) is multiplied by, from its sum of
+// squares `ss` as the kernel accumulated it (lanes of the compute type). A sum that overflowed
+// (inf) in a row that holds no Inf/NaN is recomputed: in float64 for float32 lanes (it cannot
+// overflow there), scaled by the row's largest magnitude for float64 rows; ordinary rows pay
+// one comparison.
+double RowFactor(const RowArgs& args, DType row_dtype, const void* row, double ss);
 // A row buffer of at least `bytes` for the calling thread (SkipRMSNorm's S for the second pass):
 // kept per thread for rows up to a few MB, so calls do not allocate; larger ones are owned by
 // `big` (allocated here, freed by the caller's unique_ptr).

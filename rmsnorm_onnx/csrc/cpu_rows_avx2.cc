@@ -160,11 +160,13 @@ void FetchAhead(const T* ahead, int64_t i) {
 // against a streaming copy, in turns in one process, four runs (points of the copy's bandwidth
 // over the kernel without it, median): fp16 2048x4096 +4.7, 8192x8192 +2.5, 16384x768 -1.2;
 // fp32 +0.2, +1.5, -0.3. 512 bytes ahead: fp16 alike, fp32 16384x768 -2.3; 1 KB: -5.1.
-template <typename T>
-void FetchOnce(const T* x, const T* skip) {
+template <typename T, typename U>
+void FetchOnce(const T* x, const U* skip) {
   constexpr size_t kAhead = 256;
   for (size_t b = kAhead; b < kAhead + 32 * sizeof(T); b += 64) {
     _mm_prefetch(reinterpret_cast<const char*>(x) + b, _MM_HINT_NTA);
+  }
+  for (size_t b = kAhead; b < kAhead + 32 * sizeof(U); b += 64) {
     _mm_prefetch(reinterpret_cast<const char*>(skip) + b, _MM_HINT_NTA);
   }
 }
@@ -200,21 +202,21 @@ double SumSquares(const typename E::T* x, int64_t n, const typename E::T* ahead 
   return total;
 }
 
-// The SkipRMSNorm row source: s = x + skip (in float32, rounded once to T: the correctly rounded
-// sum), written to `buf` (the second pass reads it from cache) and, when kSum, to the output S
+// The SkipRMSNorm row source: s = x + skip (in float32, rounded once to R, skip's type: the
+// correctly rounded sum; R float32 with a half X: not rounded at all), written to `buf` (the second pass reads it from cache) and, when kSum, to the output S
 // (streamed when kStream: a line at a time after a head that aligns S to a line, as ScaleRow
 // writes y; with y and S so written, 2048x4096 in ORT on 2 threads went from 0.90x to 1.03x the
 // copy's bandwidth in fp32, 0.71x to 0.76x in fp16), and the sum of squares of the rounded s.
 // kFetch: fetch x and skip ahead (FetchOnce; streamed rows).
-template <typename E, bool kSum, bool kStream, bool kFetch>
-double AddSumSquares(const typename E::T* x, const typename E::T* skip, typename E::T* buf,
+template <typename X, typename E, bool kSum, bool kStream, bool kFetch>
+double AddSumSquares(const typename X::T* x, const typename E::T* skip, typename E::T* buf,
                      typename E::T* sum, int64_t n) {
   using T = typename E::T;
   using Raw = typename E::Raw;
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                    _mm256_setzero_ps()};
   auto add = [&](int64_t i) {
-    return E::FromF(_mm256_add_ps(Load<E>(x + i), Load<E>(skip + i)));
+    return E::FromF(_mm256_add_ps(Load<X>(x + i), Load<E>(skip + i)));
   };
   auto square = [](Raw t, __m256& a) {
     const __m256 v = E::ToF(t);
@@ -230,7 +232,7 @@ double AddSumSquares(const typename E::T* x, const typename E::T* skip, typename
     }
     if (i < end) {
       const Raw t =
-          E::FromF(_mm256_add_ps(LoadTail<E>(x + i, end - i), LoadTail<E>(skip + i, end - i)));
+          E::FromF(_mm256_add_ps(LoadTail<X>(x + i, end - i), LoadTail<E>(skip + i, end - i)));
       StoreTailRaw<E>(buf + i, t, end - i);
       if constexpr (kSum) StoreTailRaw<E>(sum + i, t, end - i);
       square(t, acc[1]);
@@ -247,7 +249,7 @@ double AddSumSquares(const typename E::T* x, const typename E::T* skip, typename
   // Trails). Measured on 2 threads, X and skip 16 bytes past a page as numpy's, S at 64 as ORT's
   // outputs: fp16 1.06-1.14x as fast (2048x4096, 16384x768, 8192x8192), fp32 unchanged; S two
   // steps' bytes past X and held: 0.91x, hence one step at most.
-  const bool hold = kSum && kStream && (Trails(x, sum, 32 * sizeof(T)) ||
+  const bool hold = kSum && kStream && (Trails(x, sum, 32 * sizeof(typename X::T)) ||
                                         Trails(skip, sum, 32 * sizeof(T)));
   Raw held[4];
   int64_t held_at = -1;  // the step whose S is held, or -1
@@ -300,11 +302,11 @@ __m256 Apply(__m256 v, __m256 r, const float* scale, const float* bias, int64_t 
 }
 
 // x[i, i + m) * r * scale + bias, m <= 8 (a partial vector's other lanes are 0).
-template <typename E, bool kScale, bool kBias>
-__m256 Scaled(const typename E::T* x, const float* scale, const float* bias, int64_t i, int64_t m,
+template <typename I, bool kScale, bool kBias>
+__m256 Scaled(const typename I::T* x, const float* scale, const float* bias, int64_t i, int64_t m,
               __m256 r) {
-  if (m == 8) return Apply<kScale, kBias>(Load<E>(x + i), r, scale, bias, i);
-  __m256 v = _mm256_mul_ps(LoadTail<E>(x + i, m), r);
+  if (m == 8) return Apply<kScale, kBias>(Load<I>(x + i), r, scale, bias, i);
+  __m256 v = _mm256_mul_ps(LoadTail<I>(x + i, m), r);
   if constexpr (kScale) v = _mm256_mul_ps(v, LoadFloatTail(scale + i, m));
   if constexpr (kBias) v = _mm256_add_ps(v, LoadFloatTail(bias + i, m));
   return v;
@@ -330,13 +332,14 @@ void StreamBytes(char* dst, const char* src, size_t n) {
 // after, which streams its part, and ordinary stores to it read the line from memory first
 // (measured on 2 threads, y 48 bytes into a line, in turns in one process: 16384x768 fp16 with
 // ordinary stores there at 0.77-0.82x the speed of this, 2048x4096 fp16 0.90x).
-template <typename E, bool kScale, bool kBias, bool kStream>
-void ScaleSpan(const typename E::T* x, typename E::T* y, const float* scale, const float* bias,
+// (I: the source's element type, X's or S's; E: Y's, X's.)
+template <typename I, typename E, bool kScale, bool kBias, bool kStream>
+void ScaleSpan(const typename I::T* x, typename E::T* y, const float* scale, const float* bias,
                int64_t i, int64_t end, __m256 r) {
   using T = typename E::T;
   for (; i < end; i += 8) {
     const int64_t m = std::min<int64_t>(8, end - i);
-    const __m256 v = Scaled<E, kScale, kBias>(x, scale, bias, i, m, r);
+    const __m256 v = Scaled<I, kScale, kBias>(x, scale, bias, i, m, r);
     if constexpr (kStream) {
       T raw[8];
       E::StoreRaw(raw, E::FromF(v));
@@ -352,14 +355,14 @@ void ScaleSpan(const typename E::T* x, typename E::T* y, const float* scale, con
 
 // One 64-byte line of y from x at element i (y + i on a line boundary when kStream), fetching
 // the line at `fetch` (of a row to come, see Rows; or nullptr) into L2.
-template <typename E, bool kScale, bool kBias, bool kStream>
-void ScaleLine(const typename E::T* x, typename E::T* y, const float* scale, const float* bias,
-               int64_t i, __m256 r, const typename E::T* fetch) {
+template <typename I, typename E, bool kScale, bool kBias, bool kStream>
+void ScaleLine(const typename I::T* x, typename E::T* y, const float* scale, const float* bias,
+               int64_t i, __m256 r, const typename I::T* fetch) {
   constexpr int kVectors = 64 / sizeof(typename E::T) / 8;
   if (fetch != nullptr) _mm_prefetch(reinterpret_cast<const char*>(fetch), _MM_HINT_T1);
   __m256 v[kVectors];
   for (int k = 0; k < kVectors; ++k) {
-    v[k] = Apply<kScale, kBias>(Load<E>(x + i + 8 * k), r, scale, bias, i + 8 * k);
+    v[k] = Apply<kScale, kBias>(Load<I>(x + i + 8 * k), r, scale, bias, i + 8 * k);
   }
   for (int k = 0; k < kVectors; ++k) Put<E, kStream>(y + i + 8 * k, E::FromF(v[k]));
 }
@@ -373,34 +376,36 @@ void ScaleLine(const typename E::T* x, typename E::T* y, const float* scale, con
 // Backwards). A y not aligned to its element size is written with ordinary stores.
 //
 // `ahead`: see Rows.
-template <typename E, bool kScale, bool kBias, bool kStream>
-void ScaleRow(const typename E::T* x, typename E::T* y, const float* scale, const float* bias,
-              int64_t n, float rf, const typename E::T* ahead = nullptr) {
+template <typename I, typename E, bool kScale, bool kBias, bool kStream>
+void ScaleRow(const typename I::T* x, typename E::T* y, const float* scale, const float* bias,
+              int64_t n, float rf, const typename I::T* ahead = nullptr) {
   using T = typename E::T;
-  constexpr int64_t kStep = 64 / sizeof(T);  // elements in a line: 16 fp32, 32 halves
+  constexpr int64_t kStep = 64 / sizeof(T);  // elements in a line of y: 16 fp32, 32 halves
   const __m256 r = _mm256_set1_ps(rf);
   int64_t i = 0;
   if constexpr (kStream) {
     const auto addr = reinterpret_cast<uintptr_t>(y);
-    if (addr % sizeof(T) != 0) return ScaleRow<E, kScale, kBias, false>(x, y, scale, bias, n, rf);
+    if (addr % sizeof(T) != 0) {
+      return ScaleRow<I, E, kScale, kBias, false>(x, y, scale, bias, n, rf);
+    }
     i = std::min<int64_t>(n, static_cast<int64_t>((64 - addr % 64) % 64 / sizeof(T)));
     if (Backwards(x, y)) {
       const int64_t lines_end = i + (n - i) / kStep * kStep;
-      ScaleSpan<E, kScale, kBias, true>(x, y, scale, bias, lines_end, n, r);
+      ScaleSpan<I, E, kScale, kBias, true>(x, y, scale, bias, lines_end, n, r);
       for (int64_t j = lines_end - kStep; j >= i; j -= kStep) {
         // `ahead` is still fetched forwards: fetched backwards too, 16384x768 fp16 ran at 0.92x
         // the all-forwards kernel's speed, fetched forwards at 1.14x
-        const T* fetch = ahead != nullptr ? ahead + (lines_end - kStep - j + i) : nullptr;
-        ScaleLine<E, kScale, kBias, true>(x, y, scale, bias, j, r, fetch);
+        const auto* fetch = ahead != nullptr ? ahead + (lines_end - kStep - j + i) : nullptr;
+        ScaleLine<I, E, kScale, kBias, true>(x, y, scale, bias, j, r, fetch);
       }
-      return ScaleSpan<E, kScale, kBias, true>(x, y, scale, bias, 0, i, r);
+      return ScaleSpan<I, E, kScale, kBias, true>(x, y, scale, bias, 0, i, r);
     }
-    ScaleSpan<E, kScale, kBias, true>(x, y, scale, bias, 0, i, r);
+    ScaleSpan<I, E, kScale, kBias, true>(x, y, scale, bias, 0, i, r);
   }
   for (; i + kStep <= n; i += kStep) {
-    ScaleLine<E, kScale, kBias, kStream>(x, y, scale, bias, i, r, ahead ? ahead + i : nullptr);
+    ScaleLine<I, E, kScale, kBias, kStream>(x, y, scale, bias, i, r, ahead ? ahead + i : nullptr);
   }
-  ScaleSpan<E, kScale, kBias, kStream>(x, y, scale, bias, i, n, r);
+  ScaleSpan<I, E, kScale, kBias, kStream>(x, y, scale, bias, i, n, r);
 }
 
 // The row of X that output row `row` reads (MapRow wraps: any row number gives a row of X).
@@ -409,36 +414,33 @@ const T* RowOf(const RowArgs& a, int64_t row) {
   return static_cast<const T*>(a.x) + MapRow(a.x_map, row) * a.cols;
 }
 
-// Row `row`'s source for the second pass and its sum of squares: X itself, or (SkipRMSNorm) S:
-// in `buffer` when the graph does not use S or S is streamed past the cache (and then written to
-// both), else in the output S itself.
-template <typename E, bool kStream>
-const typename E::T* Source(const RowArgs& a, int64_t row, typename E::T* buffer, double* ss) {
-  using T = typename E::T;
+// SkipRMSNorm row `row`'s source for the second pass (S, of skip's type R) and its sum of
+// squares: in `buffer` when the graph does not use S or S is streamed past the cache (and then
+// written to both), else in the output S itself.
+template <typename E, typename R, bool kStream>
+const typename R::T* SkipSource(const RowArgs& a, int64_t row, typename R::T* buffer,
+                                double* ss) {
+  using T = typename R::T;
   const int64_t n = a.cols;
-  const T* x = static_cast<const T*>(a.x) + MapRow(a.x_map, row) * n;
-  if (a.skip == nullptr) {
-    *ss = SumSquares<E>(x, n, kStream ? RowOf<T>(a, row + 1) : nullptr);
-    return x;
-  }
+  const auto* x = RowOf<typename E::T>(a, row);
   const T* skip = static_cast<const T*>(a.skip) + MapRow(a.skip_map, row) * n;
   if (a.sum == nullptr) {
-    *ss = AddSumSquares<E, false, false, kStream>(x, skip, buffer, nullptr, n);
+    *ss = AddSumSquares<E, R, false, false, kStream>(x, skip, buffer, nullptr, n);
     return buffer;
   }
   T* sum = static_cast<T*>(a.sum) + row * n;
   int64_t head;
-  if (kStream && StreamHead<E>(sum, n, &head)) {  // S bypasses the cache: read the buffer back
-    *ss = AddSumSquares<E, true, kStream, kStream>(x, skip, buffer, sum, n);
+  if (kStream && StreamHead<R>(sum, n, &head)) {  // S bypasses the cache: read the buffer back
+    *ss = AddSumSquares<E, R, true, kStream, kStream>(x, skip, buffer, sum, n);
     // S off a line boundary: that loop's sums started at S's line, not at the row's start. The
     // sum again from the buffer (in cache), in the order every other row sums in, keeps Y's bits
     // independent of where the caller put S
-    if (reinterpret_cast<uintptr_t>(sum) % 64 != 0) *ss = SumSquares<E>(buffer, n);
+    if (reinterpret_cast<uintptr_t>(sum) % 64 != 0) *ss = SumSquares<R>(buffer, n);
     return buffer;
   }
   // S stays in cache: read it back from there (measured faster than also writing the buffer:
   // a whole 8x4096 fp32 run, 15.1 -> 12.0 us)
-  *ss = AddSumSquares<E, false, false, kStream>(x, skip, sum, nullptr, n);
+  *ss = AddSumSquares<E, R, false, false, kStream>(x, skip, sum, nullptr, n);
   return sum;
 }
 
@@ -452,62 +454,100 @@ const typename E::T* Source(const RowArgs& a, int64_t row, typename E::T* buffer
 // 6-17 % slower than the first. SkipRMSNorm, with two inputs to fetch, does not fetch ahead:
 // fetching X's and skip's rows r + 1 and r + 2 the same way, its fp16 rows were not faster and
 // its fp32 rows 5-15 % slower (in ORT's bench, 2048x4096 to 8192x8192).
-template <typename E, bool kScale, bool kBias, bool kStream>
+// E: X's element type; R: skip's and S's (E, or F32 for the float32 residual stream).
+template <typename E, typename R, bool kScale, bool kBias, bool kStream>
 void Rows(const RowArgs& a, int64_t begin, int64_t end) {
   using T = typename E::T;
+  using RT = typename R::T;
   const int64_t n = a.cols;
+  const auto* scale = static_cast<const float*>(a.scale);
+  const auto* bias = static_cast<const float*>(a.bias);
   std::unique_ptr<unsigned char[]> big;
-  T* buffer = nullptr;
+  RT* buffer = nullptr;
   if (a.skip != nullptr) {
-    buffer = static_cast<T*>(rows_common::RowBuffer(static_cast<size_t>(n) * sizeof(T), big));
+    buffer = static_cast<RT*>(rows_common::RowBuffer(static_cast<size_t>(n) * sizeof(RT), big));
   }
   for (int64_t row = begin; row < end; ++row) {
     double ss = 0.0;
-    const T* src = Source<E, kStream>(a, row, buffer, &ss);
-    const float r = rows_common::RowFactor(a, src, ss);
-    const T* ahead = kStream && a.skip == nullptr ? RowOf<T>(a, row + 2) : nullptr;
-    ScaleRow<E, kScale, kBias, kStream>(src, static_cast<T*>(a.y) + row * n, a.scale, a.bias, n, r,
-                                        ahead);
+    T* y = static_cast<T*>(a.y) + row * n;
+    if (a.skip == nullptr) {
+      const T* x = RowOf<T>(a, row);
+      ss = SumSquares<E>(x, n, kStream ? RowOf<T>(a, row + 1) : nullptr);
+      const auto r = static_cast<float>(rows_common::RowFactor(a, a.dtype, x, ss));
+      const T* ahead = kStream ? RowOf<T>(a, row + 2) : nullptr;
+      ScaleRow<E, E, kScale, kBias, kStream>(x, y, scale, bias, n, r, ahead);
+      continue;
+    }
+    const RT* src = SkipSource<E, R, kStream>(a, row, buffer, &ss);
+    const auto r = static_cast<float>(rows_common::RowFactor(a, a.skip_dtype, src, ss));
+    ScaleRow<R, E, kScale, kBias, kStream>(src, y, scale, bias, n, r);
   }
   if constexpr (kStream) _mm_sfence();  // order the non-temporal stores before the task ends
 }
 
-template <typename E, bool kStream>
+template <typename E, typename R, bool kStream>
 void RowsFor(const RowArgs& a, int64_t begin, int64_t end) {
-  if (a.scale && a.bias) return Rows<E, true, true, kStream>(a, begin, end);
-  if (a.scale) return Rows<E, true, false, kStream>(a, begin, end);
-  if (a.bias) return Rows<E, false, true, kStream>(a, begin, end);
-  return Rows<E, false, false, kStream>(a, begin, end);
+  if (a.scale && a.bias) return Rows<E, R, true, true, kStream>(a, begin, end);
+  if (a.scale) return Rows<E, R, true, false, kStream>(a, begin, end);
+  if (a.bias) return Rows<E, R, false, true, kStream>(a, begin, end);
+  return Rows<E, R, false, false, kStream>(a, begin, end);
 }
 
-template <typename E>
+template <typename E, typename R>
 void RowsFor(const RowArgs& a, int64_t begin, int64_t end) {
-  if (a.stream) return RowsFor<E, true>(a, begin, end);
-  return RowsFor<E, false>(a, begin, end);
+  if (a.stream) return RowsFor<E, R, true>(a, begin, end);
+  return RowsFor<E, R, false>(a, begin, end);
 }
 
 }  // namespace
 
-// The vector form of each element type.
+// The vector form of each element type computed in float32 (float64 rows: the portable kernel).
 template <DType D>
-using Vec = std::conditional_t<D == DType::kFloat16, F16,
-                               std::conditional_t<D == DType::kBFloat16, BF16, F32>>;
+struct VecOf;
+template <>
+struct VecOf<DType::kFloat32> {
+  using type = F32;
+};
+template <>
+struct VecOf<DType::kFloat16> {
+  using type = F16;
+};
+template <>
+struct VecOf<DType::kBFloat16> {
+  using type = BF16;
+};
+template <DType D>
+using Vec = typename VecOf<D>::type;
 
 void NormalizeRows(const RowArgs& args, int64_t row_begin, int64_t row_end) {
-  VisitDType(args.dtype,
-             [&](auto d) { RowsFor<Vec<decltype(d)::value>>(args, row_begin, row_end); });
+  VisitDType(args.dtype, [&](auto d) {
+    constexpr DType kX = decltype(d)::value;
+    if constexpr (ComputeType(kX) != DType::kFloat32) {
+      rows_portable::NormalizeRows(args, row_begin, row_end);
+    } else if (args.skip != nullptr && args.skip_dtype != kX) {  // the float32 residual stream
+      RowsFor<Vec<kX>, F32>(args, row_begin, row_end);
+    } else {
+      RowsFor<Vec<kX>, Vec<kX>>(args, row_begin, row_end);
+    }
+  });
 }
 
-void ToFloat(DType dtype, const void* src, int64_t n, float* dst) {
+void ToCompute(DType dtype, const void* src, int64_t n, void* dst) {
   VisitDType(dtype, [&](auto d) {
-    using E = Vec<decltype(d)::value>;
-    const auto* p = static_cast<const typename E::T*>(src);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, Load<E>(p + i));
-    if (i < n) {
-      float buf[8];
-      _mm256_storeu_ps(buf, LoadTail<E>(p + i, n - i));
-      std::memcpy(dst + i, buf, static_cast<size_t>(n - i) * sizeof(float));
+    constexpr DType kD = decltype(d)::value;
+    if constexpr (ComputeType(kD) != DType::kFloat32) {
+      rows_portable::ToCompute(dtype, src, n, dst);
+    } else {
+      using E = Vec<kD>;
+      const auto* p = static_cast<const typename E::T*>(src);
+      auto* out = static_cast<float*>(dst);
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, Load<E>(p + i));
+      if (i < n) {
+        float buf[8];
+        _mm256_storeu_ps(buf, LoadTail<E>(p + i, n - i));
+        std::memcpy(out + i, buf, static_cast<size_t>(n - i) * sizeof(float));
+      }
     }
   });
 }

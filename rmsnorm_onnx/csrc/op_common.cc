@@ -56,10 +56,17 @@ OrtStatus* MakeStatus(OrtErrorCode code, const std::string& message) noexcept {
 
 namespace {
 
+// Whether a scale, bias or skip of `type` goes with X of `x_dtype`: X's type or X's compute type.
+bool CompanionType(ONNXTensorElementDataType type, DType x_dtype) {
+  return type == OnnxType(x_dtype) || type == OnnxType(ComputeType(x_dtype));
+}
+
 // What a scale/bias of the wrong element type is told.
-std::string ParamTypeRule(ONNXTensorElementDataType x_type) {
-  if (x_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return "it must be tensor(float), like X";
-  return "it must have X's type (" + TypeName(x_type) + ") or tensor(float)";
+std::string ParamTypeRule(DType x_dtype) {
+  const auto x_type = OnnxType(x_dtype);
+  const auto compute = OnnxType(ComputeType(x_dtype));
+  if (x_type == compute) return "it must be " + TypeName(x_type) + ", like X";
+  return "it must have X's type (" + TypeName(x_type) + ") or " + TypeName(compute);
 }
 
 [[noreturn]] void Fail(const std::string& label, const std::string& what,
@@ -150,12 +157,17 @@ Attributes ReadAttributes(const Ort::ConstKernelInfo& info, const std::string& l
 
 namespace {
 
-// Checks what the graph knows of skip's type (at session creation) or its value's (at run time).
+// Checks what the graph knows of skip's type (at session creation) or its value's (at run time):
+// X's, or for a half X its compute type (the float32 residual stream).
 void CheckSkipType(ONNXTensorElementDataType type, DType x_dtype, const std::string& label) {
-  if (type != OnnxType(x_dtype)) {
-    Fail(label, "skip has type " + TypeName(type) + "; it must have X's type (" +
-                    TypeName(OnnxType(x_dtype)) + ")");
+  if (CompanionType(type, x_dtype)) return;
+  const auto compute = OnnxType(ComputeType(x_dtype));
+  std::string rule = "it must have X's type (" + TypeName(OnnxType(x_dtype)) + ")";
+  if (compute != OnnxType(x_dtype)) {
+    rule += " or " + TypeName(compute) + " (a " + TypeName(compute) + " residual stream: S " +
+            "then has skip's type)";
   }
+  Fail(label, "skip has type " + TypeName(type) + "; " + rule);
 }
 
 }  // namespace
@@ -175,7 +187,6 @@ void CheckInputTypes(const Ort::ConstKernelInfo& info, OpKind kind, DType x_dtyp
   if (kind == OpKind::kSkip && (count < 2 || info.GetInputName(1).empty())) {
     Fail(label, "input 'skip' (input 1) is missing; SkipRMSNorm needs X and skip");
   }
-  const auto x_type = OnnxType(x_dtype);
   for (size_t i = 1; i < count; ++i) {
     if (info.GetInputName(i).empty()) continue;  // optional input left out
     Ort::TypeInfo type_info{nullptr};
@@ -191,9 +202,9 @@ void CheckInputTypes(const Ort::ConstKernelInfo& info, OpKind kind, DType x_dtyp
     if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED) continue;
     if (i < first_param) {
       CheckSkipType(type, x_dtype, label);
-    } else if (type != x_type && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+    } else if (!CompanionType(type, x_dtype)) {
       Fail(label, std::string(names[i]) + " has type " + TypeName(type) + "; " +
-                      ParamTypeRule(x_type));
+                      ParamTypeRule(x_dtype));
     }
   }
 }
@@ -253,10 +264,9 @@ void ReadParam(Ort::KernelContext& ctx, size_t input_count, size_t index, const 
     if (!value.IsTensor()) Fail(label, std::string(name) + " must be a tensor");
     auto info = value.GetTensorTypeAndShapeInfo();
     const auto type = info.GetElementType();
-    if (!FromOnnx(type, &view.dtype) ||
-        (view.dtype != x_dtype && view.dtype != DType::kFloat32)) {
+    if (!CompanionType(type, x_dtype) || !FromOnnx(type, &view.dtype)) {
       Fail(label, std::string(name) + " has type " + TypeName(type) + "; " +
-                      ParamTypeRule(OnnxType(x_dtype)));
+                      ParamTypeRule(x_dtype));
     }
     ReadShape(info.GetConst(), view.shape);
     view.data = value.GetTensorRawData();
@@ -308,6 +318,7 @@ void ReadSkip(Ort::KernelContext& ctx, Problem& p, const std::string& label, int
   if (!skip.IsTensor()) Fail(label, "input 'skip' must be a tensor");
   auto info = skip.GetTensorTypeAndShapeInfo();
   CheckSkipType(info.GetElementType(), p.x_dtype, label);
+  FromOnnx(info.GetElementType(), &p.skip_dtype);
   // the thread's own dims, reused from call to call (as Problem's)
   thread_local std::vector<int64_t> shape, lead, x_lead, skip_lead;
   ReadShape(info.GetConst(), shape);
@@ -336,18 +347,19 @@ void ReadSkip(Ort::KernelContext& ctx, Problem& p, const std::string& label, int
 // Outputs bound (through IOBinding) over inputs or each other: see buffer_overlap.h.
 void CheckOverlaps(const Problem& p, const std::string& label) {
   const int64_t es = ElementBytes(p.x_dtype);
-  const int64_t row_bytes = p.rows * p.cols * es;  // Y, S
+  const int64_t row_bytes = p.rows * p.cols * es;  // Y
+  const int64_t skip_es = ElementBytes(p.skip_dtype);  // skip, S
   auto param = [&](const char* name, const ParamView& v) {
     return BufferSpan{name, v.present ? v.data : nullptr,
                       v.present ? ElementCount(v.shape) * ElementBytes(v.dtype) : 0, false, false};
   };
   const BufferSpan spans[] = {
       {"X", p.x, p.x_map.rows * p.cols * es, false, IsIdentity(p.x_map, p.rows)},
-      {"skip", p.skip, p.skip_map.rows * p.cols * es, false, IsIdentity(p.skip_map, p.rows)},
+      {"skip", p.skip, p.skip_map.rows * p.cols * skip_es, false, IsIdentity(p.skip_map, p.rows)},
       param("scale", p.scale),
       param("bias", p.bias),
       {"Y", p.y, row_bytes, true, true},
-      {"S", p.sum, row_bytes, true, true},
+      {"S", p.sum, p.rows * p.cols * skip_es, true, true},
   };
   if (const ForbiddenOverlap f = FindForbiddenOverlap(spans)) {
     Fail(label, std::string("output ") + f.output->name + " shares memory with " +
@@ -361,6 +373,7 @@ void CheckOverlaps(const Problem& p, const std::string& label) {
 void PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& attrs, DType x_dtype,
                     const std::string& label, const ParamView* constants, Problem& p) {
   p.x_dtype = x_dtype;
+  p.skip_dtype = x_dtype;
   p.skip = nullptr;
   p.sum = nullptr;
   p.x_map = RowMap{};
@@ -401,13 +414,21 @@ void PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& attr
   if (kind == OpKind::kSkip && ctx.GetOutputCount() > 1) {
     // an S the graph does not use is no output at all: ORT hands back nullptr
     Ort::UnownedValue sum = ctx.GetOutput(1, p.y_shape);
-    if (sum != nullptr) p.sum = sum.GetTensorMutableRawData();
+    if (sum != nullptr) {
+      const auto type = sum.GetTensorTypeAndShapeInfo().GetElementType();
+      if (type != OnnxType(p.skip_dtype)) {
+        Fail(label, "output S has type " + TypeName(type) + " but skip has type " +
+                        TypeName(OnnxType(p.skip_dtype)) + "; S = X + skip has skip's type");
+      }
+      p.sum = sum.GetTensorMutableRawData();
+    }
   }
   CheckOverlaps(p, label);
 }
 
-void ExpandToFloat(const float* values, const ParamView& param, const std::vector<int64_t>& norm,
-                   int64_t cols, float* out) {
+template <typename C>
+void ExpandParam(const C* values, const ParamView& param, const std::vector<int64_t>& norm,
+                 int64_t cols, C* out) {
   if (param.simple) {  // cols = outer * period * inner
     for (int64_t c = 0; c < cols;) {
       for (int64_t k = 0; k < param.period; ++k) {
@@ -437,5 +458,10 @@ void ExpandToFloat(const float* values, const ParamView& param, const std::vecto
     }
   }
 }
+
+template void ExpandParam<float>(const float*, const ParamView&, const std::vector<int64_t>&,
+                                 int64_t, float*);
+template void ExpandParam<double>(const double*, const ParamView&, const std::vector<int64_t>&,
+                                  int64_t, double*);
 
 }  // namespace rmsnorm_onnx

@@ -26,7 +26,8 @@ const char* OpTypeName(OpKind kind);
 // Index of the first of scale, bias among the op's inputs.
 inline size_t FirstParamInput(OpKind kind) { return kind == OpKind::kSkip ? 2 : 1; }
 
-// The element types X may have (dtype.h); scale and bias have X's type or float32.
+// The element types X may have (dtype.h); scale and bias have X's type or X's compute type
+// (float32 for a half X), skip too (the float32 residual stream: S then has skip's type).
 inline bool FromOnnx(ONNXTensorElementDataType type, DType* out) {
   return DTypeFromOnnx(static_cast<int>(type), out);
 }
@@ -89,6 +90,7 @@ struct Problem {
   ParamView scale;
   ParamView bias;
   const void* skip = nullptr;
+  DType skip_dtype = DType::kFloat32;  // skip's and S's: X's, or X's compute type
   RowMap skip_map;
   void* sum = nullptr;
 };
@@ -101,10 +103,11 @@ struct Problem {
 void PrepareProblem(Ort::KernelContext& ctx, OpKind kind, const Attributes& attrs, DType x_dtype,
                     const std::string& label, const ParamView* constants, Problem& p);
 
-// Writes, for every col (length cols), the float32 value of a parameter laid out as `param` whose
-// values (in the parameter's own shape) are `values`.
-void ExpandToFloat(const float* values, const ParamView& param,
-                   const std::vector<int64_t>& normalized_shape, int64_t cols, float* out);
+// Writes, for every col (length cols), the value (in the compute type C: float or double) of a
+// parameter laid out as `param` whose values (in the parameter's own shape) are `values`.
+template <typename C>
+void ExpandParam(const C* values, const ParamView& param,
+                 const std::vector<int64_t>& normalized_shape, int64_t cols, C* out);
 
 // Runs `body`, turning OpError / Ort::Exception / std::exception into an OrtStatus.
 template <typename Body>

@@ -2,8 +2,12 @@
 // type.
 //
 // ORT types the output from the op's declared types, so each X type gets its own OrtCustomOp
-// (X, Y and S of that type); skip, scale and bias are declared "any type" (skip also optional, so
-// a missing or mistyped skip gets our message rather than ORT's "no kernel") and checked by the
+// (X, Y and S of that type), and SkipRMSNorm's float32 residual stream (a half X, skip and S of
+// X's compute type) one more per half type, registered before the others: ORT types S from the
+// first op whose declared input types fit the node's. Scale and bias are declared "any type", as
+// skip on the CPU (skip also optional, so a missing or mistyped skip gets our message rather than
+// ORT's "no kernel"; the CUDA ops declare skip of X's type, so a float32 residual stream, which
+// they do not take, runs on the CPU) and checked by the
 // kernel (at session creation where the graph knows their types, else at run time) with a
 // message that names the problem. No InferOutputShapeFn: onnxruntime 1.21 dereferences the type
 // of every node input when it builds the shape-inference context, an omitted optional input
@@ -23,8 +27,17 @@ namespace rmsnorm_onnx {
 //         static void Destroy(void*);
 template <typename Kernel>
 struct OpDef : OrtCustomOp {
-  OpDef(const char* provider, OpKind kind, DType x_dtype)
-      : OrtCustomOp{}, provider_(provider), kind_(kind), x_dtype_(x_dtype) {
+  // skip_type: skip's declared type (UNDEFINED: any); S has sum_dtype.
+  OpDef(const char* provider, OpKind kind, DType x_dtype,
+        ONNXTensorElementDataType skip_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED)
+      : OrtCustomOp{},
+        provider_(provider),
+        kind_(kind),
+        x_dtype_(x_dtype),
+        skip_type_(skip_type),
+        sum_dtype_(x_dtype) {
+    DType skip;
+    if (FromOnnx(skip_type, &skip)) sum_dtype_ = skip;
     OrtCustomOp::version = ORT_API_VERSION;
     GetName = [](const OrtCustomOp* op) { return OpTypeName(Self(op)->kind_); };
     GetExecutionProviderType = [](const OrtCustomOp* op) { return Self(op)->provider_; };
@@ -32,7 +45,9 @@ struct OpDef : OrtCustomOp {
       return FirstParamInput(Self(op)->kind_) + 2;
     };
     GetInputType = [](const OrtCustomOp* op, size_t i) {
-      return i == 0 ? OnnxType(Self(op)->x_dtype_) : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+      if (i == 0) return OnnxType(Self(op)->x_dtype_);
+      if (i == 1 && Self(op)->kind_ == OpKind::kSkip) return Self(op)->skip_type_;
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
     };
     GetInputCharacteristic = [](const OrtCustomOp*, size_t i) {
       return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
@@ -41,7 +56,9 @@ struct OpDef : OrtCustomOp {
     GetOutputTypeCount = [](const OrtCustomOp* op) -> size_t {
       return Self(op)->kind_ == OpKind::kSkip ? 2 : 1;  // Y, and S
     };
-    GetOutputType = [](const OrtCustomOp* op, size_t) { return OnnxType(Self(op)->x_dtype_); };
+    GetOutputType = [](const OrtCustomOp* op, size_t i) {
+      return OnnxType(i == 1 ? Self(op)->sum_dtype_ : Self(op)->x_dtype_);
+    };
     GetOutputCharacteristic = [](const OrtCustomOp*, size_t i) {
       return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
     };
@@ -71,6 +88,8 @@ struct OpDef : OrtCustomOp {
   const char* provider_;
   OpKind kind_;
   DType x_dtype_;
+  ONNXTensorElementDataType skip_type_;
+  DType sum_dtype_;
 };
 
 }  // namespace rmsnorm_onnx

@@ -11,12 +11,13 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from .. import op_schema
 from ..errors import InvalidModelError
 
-HALF_TYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})  # computed in float32
-# X's element types our ops take -> the type they compute in (a scale or bias may have either)
-COMPUTE_TYPE = {t: ir.DataType.FLOAT for t in (*HALF_TYPES, ir.DataType.FLOAT)}
-COMPUTE_TYPE[ir.DataType.DOUBLE] = ir.DataType.DOUBLE
+# X's element types our ops take -> the type they compute in (a scale or bias may have either):
+# op_schema's table, in onnx-ir's enum
+COMPUTE_TYPE = {ir.DataType(x): ir.DataType(c) for x, c in op_schema.COMPUTE_TYPE.items()}
+HALF_TYPES = frozenset(t for t, c in COMPUTE_TYPE.items() if c != t)  # computed in float32
 FLOAT_TYPES = frozenset(COMPUTE_TYPE)
 _MAX_READ = 1 << 20  # elements: constants bigger than this are never read
 

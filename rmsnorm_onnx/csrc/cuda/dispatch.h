@@ -48,8 +48,8 @@ bool DispatchFamily(const LaunchConfig& c, Fn& f) {
   switch (c.family) {
     case Family::kNoScale: return DispatchItems<T, kFull, Family::kNoScale>(c, f);
     case Family::kScaleSame: return DispatchItems<T, kFull, Family::kScaleSame>(c, f);
-    case Family::kScaleF32:  // float32 X: its float32 scale is kScaleSame
-      if constexpr (std::is_same_v<T, float>) return false;
+    case Family::kScaleF32:  // float32 X: its float32 scale is kScaleSame; float64: none
+      if constexpr (std::is_floating_point_v<T>) return false;
       else return DispatchItems<T, kFull, Family::kScaleF32>(c, f);
     default: return false;
   }

@@ -41,7 +41,7 @@ struct Fiber {
 // lane reads its partner's value of shuffle k before it arrives at k+1.
 struct Warp {
   Barrier barrier;
-  float values[2][kWarp];
+  uint64_t values[2][kWarp];  // the bits of a float or a double
   int masks[2][kWarp];
 };
 
@@ -58,7 +58,7 @@ struct Machine {
   Fiber fibers[kMaxBlock];
   Warp warps[kMaxBlock / kWarp];
   Barrier block_barrier;
-  float slots[4 * kWarp];
+  double slots[4 * kWarp];
   std::vector<Chunk16> smem;
   ucontext_t scheduler;
   Fiber* current = nullptr;
@@ -219,7 +219,8 @@ std::string Run(const LaunchShape& shape, const std::vector<Region>& regions,
   for (m.block_idx = 0; m.block_idx < shape.grid && m.errors == 0; ++m.block_idx) {
     // NaN bytes: a kernel that reads shared memory it never wrote gets NaN, not a lucky zero.
     for (Chunk16& c : m.smem) std::memset(c.bytes, 0xff, sizeof c.bytes);
-    for (float& s : m.slots) s = std::numeric_limits<float>::quiet_NaN();
+    // NaN as float and as double
+    std::memset(m.slots, 0xff, sizeof m.slots);
     m.block_barrier = Barrier{shape.block, 0, 0};
     for (int w = 0; w < warps; ++w) m.warps[w].barrier = Barrier{kWarp, 0, 0};
     for (int t = 0; t < shape.block; ++t)
@@ -279,7 +280,11 @@ int BlockDim() { return g_machine->shape.block; }
 int64_t BlockIdx() { return g_machine->block_idx; }
 int64_t GridDim() { return g_machine->shape.grid; }
 
-float ShflXor(float v, int mask) {
+namespace {
+
+template <typename V>
+V Exchange(V v, int mask) {
+  static_assert(sizeof(V) <= sizeof(uint64_t), "a float or a double");
   Machine& m = *g_machine;
   Fiber& f = *m.current;
   if (mask < 0 || mask >= kWarp) {
@@ -289,15 +294,22 @@ float ShflXor(float v, int mask) {
   const int lane = f.thread % kWarp;
   Warp& w = m.warps[f.thread / kWarp];
   const int buf = static_cast<int>(f.shuffles++ & 1);
-  w.values[buf][lane] = v;
+  std::memcpy(&w.values[buf][lane], &v, sizeof v);
   w.masks[buf][lane] = mask;
   Wait(w.barrier);
   if (w.masks[buf][lane ^ mask] != mask) {
     Fail("lanes of a warp shuffle with different masks (%d vs %d)", mask,
          w.masks[buf][lane ^ mask]);
   }
-  return w.values[buf][lane ^ mask];
+  V out;
+  std::memcpy(&out, &w.values[buf][lane ^ mask], sizeof out);
+  return out;
 }
+
+}  // namespace
+
+float ShflXor(float v, int mask) { return Exchange(v, mask); }
+double ShflXor(double v, int mask) { return Exchange(v, mask); }
 
 void SyncWarp() {
   Machine& m = *g_machine;
@@ -305,7 +317,7 @@ void SyncWarp() {
 }
 
 void SyncThreads() { Wait(g_machine->block_barrier); }
-float* ReductionSlots() { return g_machine->slots; }
+void* ReductionSlots() { return g_machine->slots; }
 void* DynamicShared() { return g_machine->smem.data(); }
 
 void CheckedLoad(void* dst, const void* src, size_t bytes, size_t align) {

@@ -61,9 +61,10 @@ int BlockDim();
 int64_t BlockIdx();
 int64_t GridDim();
 float ShflXor(float v, int mask);
+double ShflXor(double v, int mask);
 void SyncWarp();
 void SyncThreads();
-float* ReductionSlots();
+void* ReductionSlots();  // room for the slot arrays in float64
 void* DynamicShared();
 // Copies `bytes` from src to dst; the device side (src for loads, dst for stores) is checked.
 void CheckedLoad(void* dst, const void* src, size_t bytes, size_t align);

@@ -53,7 +53,8 @@ constexpr int kRegisterItems = 2;        // vectors per thread in registers (blo
 constexpr int kMaxThreads = 1024;        // block mode
 constexpr int kMinBlockThreads = 64;
 constexpr int kMaxGenericThreads = 512;  // Generic's runtime switches need more registers
-constexpr int kStaticSharedBytes = 4 * kWarpSize * 4;  // the block reductions' slot arrays
+// the block reductions' 4 slot arrays, in the widest compute type (float64)
+constexpr int kStaticSharedBytes = 4 * kWarpSize * 8;
 constexpr int kDefaultSharedBytes = 48 * 1024 - kStaticSharedBytes;  // without opt-in
 constexpr int64_t kMaxGrid = 0x7fffffff;  // gridDim.x limit
 
@@ -183,8 +184,8 @@ inline const char* CheckParams(const Params& p) {
                            {p.bias, p.bias_type, p.bias_inner, p.bias_period}};
   for (const Param& q : params) {
     if (q.ptr == nullptr) continue;
-    if (q.type != p.x_type && q.type != DType::kFloat32)
-      return "rmsnorm_onnx CUDA: scale/bias must have X's type or float32";
+    if (q.type != p.x_type && q.type != ComputeType(p.x_type))
+      return "rmsnorm_onnx CUDA: scale/bias must have X's type or its compute type";
     if (Addr(q.ptr) % ElementBytes(q.type))
       return "rmsnorm_onnx CUDA: scale/bias is not aligned to its element size";
     if (q.inner < 1 || q.period < 1 || q.inner > p.cols || q.period > p.cols)

@@ -13,9 +13,10 @@ namespace rmsnorm_onnx::cuda {
 struct CudaPrimitives {
   // CUDA's type for each row of dtype.h's table
   template <DType D>
-  using Storage =
-      std::conditional_t<D == DType::kFloat16, __half,
-                         std::conditional_t<D == DType::kBFloat16, __nv_bfloat16, float>>;
+  using Storage = std::conditional_t<
+      D == DType::kFloat16, __half,
+      std::conditional_t<D == DType::kBFloat16, __nv_bfloat16,
+                         std::conditional_t<D == DType::kFloat64, double, float>>>;
 
   __device__ __forceinline__ static int ThreadIdx() { return static_cast<int>(threadIdx.x); }
   __device__ __forceinline__ static int Warp() { return static_cast<int>(threadIdx.x) >> 5; }
@@ -26,12 +27,16 @@ struct CudaPrimitives {
   __device__ __forceinline__ static float ShflXor(float v, int mask) {
     return __shfl_xor_sync(0xffffffffu, v, mask);
   }
+  __device__ __forceinline__ static double ShflXor(double v, int mask) {
+    return __shfl_xor_sync(0xffffffffu, v, mask);
+  }
   __device__ __forceinline__ static bool AnySync(bool v) { return __any_sync(0xffffffffu, v); }
   __device__ __forceinline__ static void SyncWarp() { __syncwarp(); }
   __device__ __forceinline__ static void SyncThreads() { __syncthreads(); }
 
-  __device__ __forceinline__ static float* ReductionSlots() {
-    __shared__ float slots[kStaticSharedBytes / sizeof(float)];
+  // room for the slot arrays in the widest compute type (float64)
+  __device__ __forceinline__ static void* ReductionSlots() {
+    __shared__ double slots[kStaticSharedBytes / sizeof(double)];
     return slots;
   }
   __device__ __forceinline__ static void* DynamicShared() {
@@ -83,8 +88,10 @@ struct CudaPrimitives {
   __device__ __forceinline__ static float ToFloat(float v) { return v; }
   __device__ __forceinline__ static float ToFloat(__half v) { return __half2float(v); }
   __device__ __forceinline__ static float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
-  template <typename T>
-  __device__ __forceinline__ static T FromFloat(float v) {
+  // "to float": to the compute type, which is float64 for float64
+  __device__ __forceinline__ static double ToFloat(double v) { return v; }
+  template <typename T, typename C>
+  __device__ __forceinline__ static T FromFloat(C v) {
     if constexpr (std::is_same_v<T, __half>) {
       return __float2half_rn(v);
     } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -107,6 +114,10 @@ struct CudaPrimitives {
     asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(v));
     return r;
   }
+  // float64: IEEE (a float64 user wants the precision; these run once per row)
+  __device__ __forceinline__ static double Sqrt(double v) { return sqrt(v); }
+  __device__ __forceinline__ static double Rsqrt(double v) { return 1.0 / sqrt(v); }
+  __device__ __forceinline__ static double Reciprocal(double v) { return 1.0 / v; }
 };
 
 }  // namespace rmsnorm_onnx::cuda

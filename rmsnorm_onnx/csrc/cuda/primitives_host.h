@@ -12,7 +12,7 @@
 namespace rmsnorm_onnx::cuda {
 
 // The 16-bit types' storage: a distinct type per DType, so that ToFloat overloads on it as on
-// __half and __nv_bfloat16.
+// __half and __nv_bfloat16 (float32 and float64 are stored as float and double).
 template <DType D>
 struct HostElement {
   typename Scalar<D>::Bits bits;
@@ -20,8 +20,8 @@ struct HostElement {
 
 struct HostPrimitives {
   template <DType D>
-  using Storage = std::conditional_t<std::is_same_v<typename Scalar<D>::Bits, float>, float,
-                                     HostElement<D>>;
+  using Storage = std::conditional_t<std::is_floating_point_v<typename Scalar<D>::Bits>,
+                                     typename Scalar<D>::Bits, HostElement<D>>;
 
   static int ThreadIdx() { return emu::ThreadIdx(); }
   static int Warp() { return emu::ThreadIdx() / 32; }
@@ -29,6 +29,7 @@ struct HostPrimitives {
   static int64_t BlockIdx() { return emu::BlockIdx(); }
   static int64_t GridDim() { return emu::GridDim(); }
   static float ShflXor(float v, int mask) { return emu::ShflXor(v, mask); }
+  static double ShflXor(double v, int mask) { return emu::ShflXor(v, mask); }
   // __any_sync over the full warp, as a butterfly of shuffles (each one a warp barrier)
   static bool AnySync(bool v) {
     float f = v ? 1.f : 0.f;
@@ -37,7 +38,7 @@ struct HostPrimitives {
   }
   static void SyncWarp() { emu::SyncWarp(); }
   static void SyncThreads() { emu::SyncThreads(); }
-  static float* ReductionSlots() { return emu::ReductionSlots(); }
+  static void* ReductionSlots() { return emu::ReductionSlots(); }
   static void* DynamicShared() { return emu::DynamicShared(); }
 
   // A GPU faults on an access not aligned to its size; alignof(Pack<T, N>) is its size.
@@ -61,26 +62,31 @@ struct HostPrimitives {
     emu::CheckedStore(p, &v, sizeof(V), alignof(V));
   }
 
+  // "to float": to the compute type (dtype.h), which is float64 for float64
   static float ToFloat(float v) { return v; }
+  static double ToFloat(double v) { return v; }
   template <DType D>
-  static float ToFloat(HostElement<D> v) {
-    return Scalar<D>::ToFloat(v.bits);
+  static typename Scalar<D>::Compute ToFloat(HostElement<D> v) {
+    return Scalar<D>::ToCompute(v.bits);
   }
-  template <typename T>
-  static T FromFloat(float v) {
-    if constexpr (std::is_same_v<T, float>) {
+  template <typename T, typename C>
+  static T FromFloat(C v) {
+    if constexpr (std::is_floating_point_v<T>) {
       return v;
     } else {
       return FromFloatTo(v, static_cast<T*>(nullptr));
     }
   }
   template <DType D>
-  static HostElement<D> FromFloatTo(float v, HostElement<D>*) {
-    return {Scalar<D>::FromFloat(v)};
+  static HostElement<D> FromFloatTo(typename Scalar<D>::Compute v, HostElement<D>*) {
+    return {Scalar<D>::FromCompute(v)};
   }
   static float Sqrt(float v) { return std::sqrt(v); }
   static float Rsqrt(float v) { return 1.0f / std::sqrt(v); }
   static float Reciprocal(float v) { return 1.0f / v; }
+  static double Sqrt(double v) { return std::sqrt(v); }
+  static double Rsqrt(double v) { return 1.0 / std::sqrt(v); }
+  static double Reciprocal(double v) { return 1.0 / v; }
 };
 
 }  // namespace rmsnorm_onnx::cuda

@@ -5,9 +5,13 @@
 // run. Policy surface: Storage<DType> ThreadIdx Warp BlockDim BlockIdx GridDim ShflXor AnySync
 // SyncWarp SyncThreads ReductionSlots DynamicShared Load LoadReadOnly Prefetch Opaque Store
 // ToFloat FromFloat<T> Sqrt Rsqrt Reciprocal.
+//
+// Arithmetic is in the compute type of X's storage T (dtype.h's `compute`): what P::ToFloat of a
+// T gives, float for the 16-bit types and float32, double for float64 (sums, shuffles, factor).
 #pragma once
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/launch_choice.h"
 
@@ -23,6 +27,28 @@
 
 namespace rmsnorm_onnx::cuda {
 
+// The compute type of storage T.
+template <class P, typename T>
+using ComputeOf = decltype(P::ToFloat(std::declval<T>()));
+
+// The largest finite value of a compute type, and its smallest normal one.
+template <typename C>
+RMSNORM_DEVICE C MaxFinite() {
+  if constexpr (sizeof(C) == 8) {
+    return 1.7976931348623157e308;
+  } else {
+    return 3.402823466e38f;
+  }
+}
+template <typename C>
+RMSNORM_DEVICE C MinNormal() {
+  if constexpr (sizeof(C) == 8) {
+    return 2.2250738585072014e-308;
+  } else {
+    return 1.175494351e-38f;
+  }
+}
+
 // N elements moved by one access of N * sizeof(T) bytes (16 for a full vector).
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {
@@ -32,7 +58,7 @@ struct alignas(sizeof(T) * N) Pack {
 // scale or bias as the Generic kernels see it: element of column c = (c / inner) % period.
 struct ParamRef {
   const void* ptr = nullptr;  // nullptr: absent
-  bool f32 = false;           // stored as float32 (else in X's type)
+  bool f32 = false;           // stored as float32 (else in X's type: always so for float64)
   bool contiguous = false;    // inner == 1 and period == cols: element index is the column
   int inner = 1;
   int period = 1;
@@ -50,8 +76,9 @@ struct KernelArgs {
   int cols = 0;
   int lanes = 32;        // threads per row (warp mode)
   int cache_vectors = 0; // vectors of a row the block parks in dynamic shared memory
-  float inv_cols = 0.f;  // 1 / cols: a multiply, where a float division would call ptxas's
-                         // IEEE slow path (a call, with a stack frame ptxas counts as spills)
+  double inv_cols = 0.0;  // 1 / cols (rounded to the compute type where used): a multiply,
+                          // where a float division would call ptxas's IEEE slow path (a call,
+                          // with a stack frame ptxas counts as spills)
   float epsilon = 0.f;
   bool eps_outside = false;
 };
@@ -81,7 +108,7 @@ inline KernelArgs MakeKernelArgs(const Params& p, const LaunchConfig& c) {
   a.cols = static_cast<int>(p.cols);
   a.lanes = c.lanes;
   a.cache_vectors = c.smem_bytes / (c.vec * ElementBytes(p.x_type));
-  a.inv_cols = static_cast<float>(1.0 / static_cast<double>(p.cols));
+  a.inv_cols = 1.0 / static_cast<double>(p.cols);
   a.epsilon = p.epsilon;
   a.eps_outside = p.eps_outside;
   return a;
@@ -91,16 +118,16 @@ inline KernelArgs MakeKernelArgs(const Params& p, const LaunchConfig& c) {
 
 // Sum over aligned groups of `lanes` lanes of a warp by butterfly shuffles; every lane of a group
 // gets its group's total. All 32 lanes take part (the shuffles have a full mask).
-template <class P>
-RMSNORM_DEVICE float GroupSum(float v, int lanes) {
+template <class P, typename C>
+RMSNORM_DEVICE C GroupSum(C v, int lanes) {
   for (int mask = lanes / 2; mask > 0; mask /= 2) v += P::ShflXor(v, mask);
   return v;
 }
 
-template <class P>
-RMSNORM_DEVICE float GroupMax(float v, int lanes) {
+template <class P, typename C>
+RMSNORM_DEVICE C GroupMax(C v, int lanes) {
   for (int mask = lanes / 2; mask > 0; mask /= 2) {
-    const float o = P::ShflXor(v, mask);
+    const C o = P::ShflXor(v, mask);
     v = o > v ? o : v;
   }
   return v;
@@ -111,32 +138,33 @@ RMSNORM_DEVICE float GroupMax(float v, int lanes) {
 // (`slot` = parity, + 2 for the rare overflow path's max): a warp that races ahead to the next
 // row writes another array, and by the time it comes back to this one, a later barrier has
 // ordered every read of it.
-template <class P, bool MAX = false>
-RMSNORM_DEVICE float BlockReduce(float v, int slot) {
-  float* slots = P::ReductionSlots() + slot * kWarpSize;
+template <class P, bool MAX = false, typename C>
+RMSNORM_DEVICE C BlockReduce(C v, int slot) {
+  C* slots = static_cast<C*>(P::ReductionSlots()) + slot * kWarpSize;
   v = MAX ? GroupMax<P>(v, kWarpSize) : GroupSum<P>(v, kWarpSize);
   if (P::ThreadIdx() % kWarpSize == 0) slots[P::Warp()] = v;
   P::SyncThreads();
   const int warps = P::BlockDim() / kWarpSize;
-  const float mine = P::ThreadIdx() % kWarpSize < warps ? slots[P::ThreadIdx() % kWarpSize] : 0.f;
+  const C mine = P::ThreadIdx() % kWarpSize < warps ? slots[P::ThreadIdx() % kWarpSize] : C(0);
   return MAX ? GroupMax<P>(mine, kWarpSize) : GroupSum<P>(mine, kWarpSize);
 }
 
 // ----------------------------------------------------------------------------- element math
 
 template <class P, typename T, int VEC>
-RMSNORM_DEVICE float SumSquares(const Pack<T, VEC>& in) {
-  float s = 0.f;
+RMSNORM_DEVICE ComputeOf<P, T> SumSquares(const Pack<T, VEC>& in) {
+  ComputeOf<P, T> s = 0;
   RMSNORM_UNROLL
   for (int i = 0; i < VEC; ++i) {
-    const float v = P::ToFloat(in.v[i]);
+    const auto v = P::ToFloat(in.v[i]);
     s += v * v;
   }
   return s;
 }
 
-// S = X + skip, formed in float32 and rounded to T (what an unfused Add of type T computes:
-// float32 holds the exact sum to well past twice T's precision, so rounding twice is exact).
+// S = X + skip, formed in the compute type and rounded to T (what an unfused Add of type T
+// computes: float32 holds the exact sum to well past twice a 16-bit T's precision, so rounding
+// twice is exact; float32 and float64 sums are rounded once).
 template <class P, typename T, int VEC>
 RMSNORM_DEVICE Pack<T, VEC> AddRounded(const Pack<T, VEC>& x, const Pack<T, VEC>& s) {
   Pack<T, VEC> out;
@@ -149,7 +177,7 @@ RMSNORM_DEVICE Pack<T, VEC> AddRounded(const Pack<T, VEC>& x, const Pack<T, VEC>
 // ----------------------------------------------------------------------------- scale and bias
 
 template <class P, typename T>
-RMSNORM_DEVICE float LoadParam(const ParamRef& p, int col) {
+RMSNORM_DEVICE ComputeOf<P, T> LoadParam(const ParamRef& p, int col) {
   const int idx = p.contiguous ? col : (col / p.inner) % p.period;
   return p.f32 ? P::LoadReadOnly(static_cast<const float*>(p.ptr) + idx)
                : P::ToFloat(P::LoadReadOnly(static_cast<const T*>(p.ptr) + idx));
@@ -173,7 +201,8 @@ RMSNORM_DEVICE Pack<S, N> LoadChunks(const S* base) {
 // Generic: VEC parameter values for columns [col, col + VEC). `vec_ok`: contiguous and 16-byte
 // aligned at this row's first vector column (then at every vector column of the row).
 template <class P, typename T, int VEC>
-RMSNORM_DEVICE void LoadParams(const ParamRef& p, bool vec_ok, int col, float (&out)[VEC]) {
+RMSNORM_DEVICE void LoadParams(const ParamRef& p, bool vec_ok, int col,
+                               ComputeOf<P, T> (&out)[VEC]) {
   if (vec_ok && p.f32) {
     const Pack<float, VEC> w = LoadChunks<P, float, VEC>(static_cast<const float*>(p.ptr) + col);
     RMSNORM_UNROLL
@@ -281,7 +310,7 @@ RMSNORM_DEVICE Pack<T, VEC> FetchVector(const RowView<T, VEC>& r, int v, bool st
 
 // The same for element `col` (a Generic row's head and tail).
 template <class P, typename T, int VEC, bool SKIP>
-RMSNORM_DEVICE float FetchScalar(const RowView<T, VEC>& r, int col, bool store) {
+RMSNORM_DEVICE ComputeOf<P, T> FetchScalar(const RowView<T, VEC>& r, int col, bool store) {
   T out = P::LoadReadOnly(r.x + col);
   if constexpr (SKIP) {
     out = P::template FromFloat<T>(P::ToFloat(out) + P::ToFloat(P::LoadReadOnly(r.skip + col)));
@@ -305,7 +334,7 @@ RMSNORM_DEVICE Pack<T, VEC> FetchAgain(const RowView<T, VEC>& r, int v) {
 // Element `col` again (the rescue), as FetchAgain, with `s` the row of S (nullptr: not stored);
 // S of col may have been stored by another thread: the caller has synchronized.
 template <class P, typename T, int VEC, bool SKIP>
-RMSNORM_DEVICE float FetchScalarAgain(const RowView<T, VEC>& r, const T* s, int col) {
+RMSNORM_DEVICE ComputeOf<P, T> FetchScalarAgain(const RowView<T, VEC>& r, const T* s, int col) {
   if constexpr (SKIP) {
     if (s != nullptr) return P::ToFloat(P::Load(s + col));
   }
@@ -365,25 +394,27 @@ struct ScaleAhead {
   }
 };
 
-// A Generic row's head and tail elements of this thread (pass 1 to pass 2).
+// A Generic row's head and tail elements of this thread (pass 1 to pass 2), in the compute type.
+template <typename C>
 struct Edges {
-  float head = 0.f;
-  float tail = 0.f;
+  C head = 0;
+  C tail = 0;
 };
 
 // Pass 1: loads this thread's share of the row (several loads in flight), forms and stores S for
 // SkipRMSNorm, keeps the first ITEMS vectors in `regs` and parks the next ones in shared memory,
-// loads the scale ahead, and returns the thread's float32 sum of squares.
+// loads the scale ahead, and returns the thread's sum of squares (in the compute type).
 template <class P, typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
-RMSNORM_DEVICE float LoadAndSum(const KernelArgs& a, const RowView<T, VEC>& r, const Lane& l,
-                                Pack<T, VEC> (&regs)[ITEMS],
-                                ScaleAhead<P, T, VEC, ITEMS, M, F>& scale, Edges& edges) {
+RMSNORM_DEVICE ComputeOf<P, T> LoadAndSum(const KernelArgs& a, const RowView<T, VEC>& r,
+                                          const Lane& l, Pack<T, VEC> (&regs)[ITEMS],
+                                          ScaleAhead<P, T, VEC, ITEMS, M, F>& scale,
+                                          Edges<ComputeOf<P, T>>& edges) {
   using V = Pack<T, VEC>;
   if constexpr (F == Family::kGeneric) {
     if (l.rank < r.head && r.active) edges.head = FetchScalar<P, T, VEC, SKIP>(r, l.rank, true);
     if (l.rank < r.ntail) edges.tail = FetchScalar<P, T, VEC, SKIP>(r, r.tail0 + l.rank, true);
   }
-  float ss = edges.head * edges.head + edges.tail * edges.tail;
+  ComputeOf<P, T> ss = edges.head * edges.head + edges.tail * edges.tail;
   auto fetch = [&](int v) { return FetchVector<P, T, VEC, SKIP>(r, v, true); };
   if constexpr (M == Mode::kBlock) {
     // first the vectors past the registers' share, while that share is not yet live; each thread
@@ -406,10 +437,11 @@ RMSNORM_DEVICE float LoadAndSum(const KernelArgs& a, const RowView<T, VEC>& r, c
   return ss;
 }
 
-template <class P>
-RMSNORM_DEVICE float InverseRms(const KernelArgs& a, float ss) {
-  const float ms = ss * a.inv_cols;
-  return a.eps_outside ? P::Reciprocal(P::Sqrt(ms) + a.epsilon) : P::Rsqrt(ms + a.epsilon);
+template <class P, typename C>
+RMSNORM_DEVICE C InverseRms(const KernelArgs& a, C ss) {
+  const C ms = ss * static_cast<C>(a.inv_cols);
+  const C eps = a.epsilon;
+  return a.eps_outside ? P::Reciprocal(P::Sqrt(ms) + eps) : P::Rsqrt(ms + eps);
 }
 
 // Y = value * rstd (* scale) (+ bias) for a vector or an element of the row.
@@ -419,14 +451,15 @@ struct Normalizer {
   static constexpr bool kScale = F == Family::kScaleSame || F == Family::kScaleF32;
   const KernelArgs& a;
   const RowView<T, VEC>& r;
+  using C = ComputeOf<P, T>;
   const ScaleAhead<P, T, VEC, ITEMS, M, F>& scale;
-  float rstd;
+  C rstd;
   bool scale_vec;  // Generic: scale / bias vectors contiguous and aligned with the row's
   bool bias_vec;
 
   // Vector v, the thread's item i (-1: not an item).
   RMSNORM_DEVICE void Vector(const Pack<T, VEC>& in, int i, int v) const {
-    float w[VEC] = {}, b[VEC] = {};
+    C w[VEC] = {}, b[VEC] = {};
     if constexpr (kGeneric) {
       if (a.scale.ptr) LoadParams<P, T, VEC>(a.scale, scale_vec, r.head + v * VEC, w);
       if (a.bias.ptr) LoadParams<P, T, VEC>(a.bias, bias_vec, r.head + v * VEC, b);
@@ -438,7 +471,7 @@ struct Normalizer {
     Pack<T, VEC> out;
     RMSNORM_UNROLL
     for (int j = 0; j < VEC; ++j) {
-      float o = P::ToFloat(in.v[j]) * rstd;
+      C o = P::ToFloat(in.v[j]) * rstd;
       if (kScale || (kGeneric && a.scale.ptr)) o *= w[j];
       if (kGeneric && a.bias.ptr) o += b[j];
       out.v[j] = P::template FromFloat<T>(o);
@@ -446,8 +479,8 @@ struct Normalizer {
     P::Store(r.yv + v, out);
   }
 
-  RMSNORM_DEVICE void Scalar(float value, int col) const {
-    float o = value * rstd;
+  RMSNORM_DEVICE void Scalar(C value, int col) const {
+    C o = value * rstd;
     if (a.scale.ptr) o *= LoadParam<P, T>(a.scale, col);
     if (a.bias.ptr) o += LoadParam<P, T>(a.bias, col);
     P::Store(r.y + col, P::template FromFloat<T>(o));
@@ -460,7 +493,8 @@ template <class P, typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
 RMSNORM_DEVICE void NormalizeAndStore(const KernelArgs& a, const RowView<T, VEC>& r,
                                       const Lane& l, const Pack<T, VEC> (&regs)[ITEMS],
                                       const ScaleAhead<P, T, VEC, ITEMS, M, F>& scale,
-                                      const Edges& edges, float rstd) {
+                                      const Edges<ComputeOf<P, T>>& edges,
+                                      ComputeOf<P, T> rstd) {
   using V = Pack<T, VEC>;
   constexpr bool kGeneric = F == Family::kGeneric;
   const Normalizer<P, T, VEC, ITEMS, M, F> out{a,
@@ -487,15 +521,16 @@ RMSNORM_DEVICE void NormalizeAndStore(const KernelArgs& a, const RowView<T, VEC>
   }
 }
 
-// The rare path for a row (group) whose float32 sum of squares `ss` overflowed (values ~1e19 and
-// up in bf16/fp32) though the row is finite. RMSNorm is scale-invariant: RMSNorm(x) =
+// The rare path for a row (group) whose sum of squares `ss` overflowed (values ~1e19 and up in
+// bf16/fp32, ~1e154 in fp64) though the row is finite. RMSNorm is scale-invariant: RMSNorm(x) =
 // RMSNorm(x * 2^-k), with k such that the largest magnitude m < 2^(k+1), so the scaled squares
 // cannot overflow. The row is read again element by element (FetchScalarAgain), three times: its
 // largest magnitude, the scaled sum, the normalized store. Rows of the group that did not
 // overflow (a warp's other rows) take it too, unscaled.
 template <class P, typename T, int VEC, bool WARP, bool SKIP>
 RMSNORM_DEVICE void RescueRow(const KernelArgs& a, const RowView<T, VEC>& r, const Lane& l,
-                              float ss) {
+                              ComputeOf<P, T> ss) {
+  using C = ComputeOf<P, T>;
   // S's row found from Y's, which pass 2 keeps live anyway: r.s kept live across the reduction
   // for this rare path cost the warp kernels registers
   const T* s =
@@ -504,33 +539,35 @@ RMSNORM_DEVICE void RescueRow(const KernelArgs& a, const RowView<T, VEC>& r, con
   // barrier)
   if (WARP && s != nullptr) P::SyncWarp();
   const int cols = r.active ? r.cols : 0;
-  const bool overflow = ss > 3.402823466e38f;
-  float m = 0.f;
+  const bool overflow = ss > MaxFinite<C>();
+  C m = 0;
   for (int c = l.rank; c < cols; c += l.lanes) {
-    const float v = FetchScalarAgain<P, T, VEC, SKIP>(r, s, c);
-    const float mag = v < 0.f ? -v : v;
+    const C v = FetchScalarAgain<P, T, VEC, SKIP>(r, s, c);
+    const C mag = v < C(0) ? -v : v;
     m = mag > m ? mag : m;  // a NaN never wins (none here: ss would be NaN)
   }
   // max slots: parity + 2 (see BlockReduce)
   m = WARP ? GroupMax<P>(m, l.lanes) : BlockReduce<P, true>(m, l.parity + 2);
-  float pre = 1.f;
-  if (overflow && m <= 3.402823466e38f) {  // an Inf in the row: ss stays Inf, as it must
-    for (float t = m; t >= 2.f && pre > 1.2e-38f; t *= 0.5f) pre *= 0.5f;  // 2^-k, k <= 126
+  C pre = 1;
+  if (overflow && m <= MaxFinite<C>()) {  // an Inf in the row: ss stays Inf, as it must
+    // 2^-k, k <= 126 (float), 1022 (double)
+    for (C t = m; t >= C(2) && pre > MinNormal<C>(); t *= C(0.5)) pre *= C(0.5);
   }
-  float t = 0.f;
+  C t = 0;
   for (int c = l.rank; c < cols; c += l.lanes) {
-    const float v = FetchScalarAgain<P, T, VEC, SKIP>(r, s, c) * pre;
+    const C v = FetchScalarAgain<P, T, VEC, SKIP>(r, s, c) * pre;
     t += v * v;
   }
   // the first sum's slots again: every thread read them before the max's barrier
   t = WARP ? GroupSum<P>(t, l.lanes) : BlockReduce<P>(t, l.parity);
   if (overflow) ss = t;
-  const float ms = ss * a.inv_cols;
+  const C ms = ss * static_cast<C>(a.inv_cols);
+  const C eps = a.epsilon;
   // eps scales with the row: sqrt(ms * 4^k + eps) = 2^k sqrt(ms + eps * 4^-k)
-  const float rstd = a.eps_outside ? P::Reciprocal(P::Sqrt(ms) + a.epsilon * pre)
-                                   : P::Rsqrt(ms + a.epsilon * pre * pre);
+  const C rstd = a.eps_outside ? P::Reciprocal(P::Sqrt(ms) + eps * pre)
+                               : P::Rsqrt(ms + eps * pre * pre);
   for (int c = l.rank; c < cols; c += l.lanes) {
-    float o = FetchScalarAgain<P, T, VEC, SKIP>(r, s, c) * pre * rstd;
+    C o = FetchScalarAgain<P, T, VEC, SKIP>(r, s, c) * pre * rstd;
     if (a.scale.ptr) o *= LoadParam<P, T>(a.scale, c);
     if (a.bias.ptr) o += LoadParam<P, T>(a.bias, c);
     P::Store(r.y + c, P::template FromFloat<T>(o));
@@ -562,8 +599,8 @@ RMSNORM_DEVICE void NormRows(const KernelArgs& a) {
         a, active ? base + sub : base, active, l);
     Pack<T, VEC> regs[ITEMS] = {};
     ScaleAhead<P, T, VEC, ITEMS, M, F> scale;
-    Edges edges;
-    float ss = LoadAndSum<P, T, VEC, ITEMS, M, F, SKIP>(a, r, l, regs, scale, edges);
+    Edges<ComputeOf<P, T>> edges;
+    ComputeOf<P, T> ss = LoadAndSum<P, T, VEC, ITEMS, M, F, SKIP>(a, r, l, regs, scale, edges);
     ss = kWarp ? GroupSum<P>(ss, l.lanes) : BlockReduce<P>(ss, l.parity);
     // keep the loaded words packed across the reduction (not unpacked to floats: twice the
     // registers)
@@ -572,7 +609,7 @@ RMSNORM_DEVICE void NormRows(const KernelArgs& a) {
     scale.KeepPacked();
     // +Inf: overflowed (a NaN in the row stays NaN). A warp takes the rescue when any of its rows
     // needs it (its shuffles need every lane).
-    const bool overflow = ss > 3.402823466e38f;
+    const bool overflow = ss > MaxFinite<ComputeOf<P, T>>();
     if (kWarp ? P::AnySync(overflow) : overflow) {
       RescueRow<P, T, VEC, kWarp, SKIP>(a, r, l, ss);
       continue;
