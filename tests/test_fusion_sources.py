@@ -428,7 +428,7 @@ def test_a_double_norm_op_converts_to_every_target(op_type: str, target: str) ->
     (got,) = _plain_run(fused, feeds)
     assert got.dtype == original_y.dtype == np.float64
     np.testing.assert_allclose(original_y, want, rtol=1e-9)  # (epsilon a float32 attribute)
-    rtol, atol = tolerance("float32" if target == "custom" else "float64")
+    rtol, atol = tolerance("float64")
     np.testing.assert_allclose(got, original_y, rtol=rtol, atol=atol)
 
 

@@ -274,7 +274,7 @@ def test_a_double_norm_converts_for_every_target(target: str, v: Variant) -> Non
         outputs.append(ReferenceEvaluator(fused).run(None, inputs)[0])
     # (the ε of every norm op is a float32 attribute: a double ε rounds to it, a change far
     # below float64's tolerance on rows whose mean square is near 1)
-    rtol, atol = tolerance(np.float64 if target != "custom" else np.float32)
+    rtol, atol = tolerance(np.float64)
     for got in outputs:
         assert got.dtype == np.float64
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
