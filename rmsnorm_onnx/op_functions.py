@@ -127,6 +127,16 @@ def _rows(b: _Body, xf: str) -> tuple[str, str]:
     return b("Reshape", xf, b("Concat", b.const(np.array([-1], np.int64)), cols, axis=0)), shape
 
 
+def _scale_of(b: _Body, variant: Variant, scale: str) -> str:
+    """The float32 scale the last-axis body multiplies by, as one axis: onnxruntime (1.31) fuses
+    the inlined Div and Mul into its SimplifiedLayerNormalization and then drops a node for a
+    0-d scale of a 1-D X (the session refuses the file: "Node input '..._Div_8' is not a graph
+    input"). A scale broadcast to the last axis alone has the same values as one axis."""
+    if variant.axis != "last":  # multiplied after the reshape back to X: no such fusion
+        return scale
+    return b("Reshape", scale, b.const(np.array([-1], np.int64)))
+
+
 def function(
     variant: Variant, opset: int, *, overload: str = "", tag: str = ""
 ) -> onnx.FunctionProto:
@@ -175,7 +185,7 @@ def function(
     if variant.axis != "last":  # X's shape may hold zeros: they are dims, not "copy X's"
         y = b("Reshape", y, shape, **({"allowzero": 1} if opset >= _ALLOWZERO_OPSET else {}))
     if variant.scale:
-        y = b("Mul", y, b("Cast", "scale", to=_FLOAT))
+        y = b("Mul", y, _scale_of(b, variant, b("Cast", "scale", to=_FLOAT)))
     if variant.bias:
         y = b("Add", y, b("Cast", "bias", to=_FLOAT))
     to_x_type(y, "Y")

@@ -16,7 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from kernel_models import ORT_ERRORS, np_dtype, quantize
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from rmsnorm_onnx import onnx_io, op_functions, op_schema, reference
@@ -228,11 +228,14 @@ def test_with_the_library_our_kernel_runs_the_node(rng, tmp_path, fused_library,
 
 def test_inlined_body_becomes_onnxruntimes_fused_norm(rng, tmp_path) -> None:
     """The body's Div spelling is the one onnxruntime's optimizer fuses (float32, last axis,
-    epsilon inside; a consumer after the norm, as in a model)."""
+    epsilon inside; a consumer after the norm and the scale a weight, as in a model: the body's
+    Reshape of it is folded)."""
     model = one_node_model("RMSNorm", "float32", "scale", -1, False)
     model.graph.node[-1].output[0] = "y0"
     model.graph.node.append(helper.make_node("Mul", ["y0", "scale"], ["y"]))
     feeds, _, _ = feeds_and_expected(rng, "RMSNorm", "float32", "scale", -1, False)
+    model.graph.initializer.append(numpy_helper.from_array(feeds.pop("scale"), "scale"))
+    del model.graph.input[-1]  # x, scale
     ran = _ops_run(model, feeds, tmp_path, library=False)
     assert ran == ["SimplifiedLayerNormalization", "Mul"], ran
 
@@ -514,6 +517,41 @@ def test_zero_size_tensors_give_empty_outputs_everywhere(op, shape, axis, scale,
     for run in runners:
         outs = run(model, feeds)
         assert [o.shape for o in outs] == [shape] * n_out, run.__name__
+
+
+@pytest.mark.parametrize("dim", [4, "n"])
+@pytest.mark.parametrize("op", ["RMSNorm", "SkipRMSNorm+S"])
+def test_a_1d_norm_with_a_0d_scale_runs_without_the_library(op, dim) -> None:
+    """x [4] or [n] times a scale of rank 0 (a weight): onnxruntime fused the inlined body's Div
+    and Mul into its own norm and dropped a node ("Node input '..._Div_8' is not a graph input")
+    at its default optimization level."""
+    x = np.array([2.0, 4.0, 6.0, 8.0], np.float32)
+    vi = helper.make_tensor_value_info
+    names, inputs, feeds = ["x"], [vi("x", TensorProto.FLOAT, [dim])], {"x": x}
+    if op != "RMSNorm":
+        names.append("skip")
+        inputs.append(vi("skip", TensorProto.FLOAT, [dim]))
+        feeds["skip"] = -x / 2
+    outs = ["y", "s"] if op.endswith("+S") else ["y"]
+    make = op_schema.make_skip_node if op != "RMSNorm" else op_schema.make_node
+    graph = helper.make_graph(
+        [make([*names, "w"], outs, epsilon=EPSILON)],
+        "rank1",
+        inputs,
+        [vi(o, TensorProto.FLOAT, [dim]) for o in outs],
+        [numpy_helper.from_array(np.array(1.5, np.float32), "w")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), op_schema.opset_import()]
+    )
+    onnx_io.set_ir_version(model)
+    op_functions.attach(model)
+    total = x + feeds.get("skip", 0)
+    want = reference.rms_norm(total, np.float32(1.5), epsilon=EPSILON)
+    outs = without_library(model, feeds)
+    np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-6)
+    if op.endswith("+S"):
+        np.testing.assert_array_equal(outs[1], total)
 
 
 @pytest.mark.filterwarnings(
