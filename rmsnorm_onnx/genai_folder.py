@@ -33,7 +33,7 @@ import numpy as np
 from . import onnx_io, op_schema
 from .errors import InvalidModelError, RMSNormOnnxError, UsageError
 from .fusion import FuseReport, fuse_file, inline_weights
-from .fusion.external import external_files
+from .fusion.external import data_files_read, external_files
 from .reference import tolerance
 from .runtime import LIBRARY_NAMES, library_path
 
@@ -234,17 +234,13 @@ def _copy_regular(source: Path, dst: Path) -> None:
 
 
 def _read_by_others(src: Path, entries: list[_Entry], decoder: Path) -> set[Path]:
-    """The files (relative to ``src``) that another model of the folder reads as external data."""
+    """The files (relative to ``src``) that another model of the folder reads as external data;
+    a model is known by its bytes, not its name (``vision.bin`` is read as one)."""
     read: set[Path] = set()
     for entry in entries:
-        if entry.kind != "file" or entry.rel.suffix != ".onnx" or entry.rel == decoder:
+        if entry.kind != "file" or entry.rel == decoder:
             continue
-        try:
-            found = inline_weights.read(src / entry.rel)
-            locations = external_files(found.proto, found)
-        except RMSNormOnnxError:  # not a model we can read: nothing to keep for it
-            continue
-        for location in locations:
+        for location in data_files_read(src / entry.rel):
             rel = Path(os.path.normpath(entry.rel.parent / location))
             if not rel.is_absolute() and rel.parts[:1] != ("..",):
                 read.add(rel)
