@@ -17,7 +17,9 @@ SimplifiedLayerNormalization kernel (float32, and float16 through the Casts; 1.2
 Attributes are references: one body serves every epsilon, and nodes of one op that differ in
 eps_outside or axis share a body that reads them (the fast body, last axis and epsilon inside,
 where all agree). Every float type shares a body through CastLike (opset 15 on; below, a body per
-X type). Only nodes passing other optional inputs need another body: an IR 10 overload.
+X type, each writing its output into a tensor of the node's X type, so that a runtime running one
+body for all nodes of an op gives each its own type). Only nodes passing other optional inputs
+need another body: an IR 10 overload.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ FUNCTION_IR_VERSION = 8  # model-local functions
 OVERLOAD_IR_VERSION = 10  # NodeProto/FunctionProto.overload
 _ALLOWZERO_OPSET = 14  # Reshape's allowzero
 _CASTLIKE_OPSET = 15
+# below it, the type of the body every node can run (:func:`_written_into`): it rounds nothing
+_DEFAULT_ELEM_TYPE = onnx.TensorProto.FLOAT
 _AXES_INPUT_OPSET = 18  # ReduceMean's axes moved from attribute to input
 _FLOAT = onnx.TensorProto.FLOAT
 _INT, _FLOAT_ATTR = onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT
@@ -137,6 +141,27 @@ def _scale_of(b: _Body, variant: Variant, scale: str) -> str:
     return b("Reshape", scale, b.const(np.array([-1], np.int64)))
 
 
+def _written_into(b: _Body, value: str, like: str, out: str) -> str:
+    """``value`` (of X's type as the body names it) written over the whole of ``like`` (a tensor
+    of the node's X's type and ``value``'s shape): ScatterND of one update that is the whole
+    tensor. Below opset 15 a body names X's type, one per type; onnx's ReferenceEvaluator (and
+    onnxruntime before overloads) runs the last body of an op for every node of it. Where types
+    are checked (onnxruntime) another type is refused at load; where they are not (the
+    evaluator assigns the update into a copy of ``like``) the output still takes the node's
+    type, rounded once from the float32 default body (:func:`attach` puts it last)."""
+    whole = b.const(np.zeros((1, 0), np.int64))
+    update = b("Unsqueeze", value, b.const(np.array([0], np.int64)))
+    return b("ScatterND", like, whole, update, out=out)
+
+
+def _x_typed_like(b: _Body, value: str) -> str:
+    """A tensor of X's type and ``value``'s shape (S's, X and skip broadcast): X's first element
+    gathered by zeros of that shape (an empty X makes an empty S: nothing is gathered)."""
+    flat = b("Reshape", "X", b.const(np.array([-1], np.int64)))
+    zero = numpy_helper.from_array(np.zeros(1, np.int64), "value")
+    return b("Gather", flat, b("ConstantOfShape", b("Shape", value), value=zero))
+
+
 def function(
     variant: Variant, opset: int, *, overload: str = "", tag: str = ""
 ) -> onnx.FunctionProto:
@@ -152,9 +177,10 @@ def function(
         raise ValueError(f"below opset {_CASTLIKE_OPSET} a body must name X's type")
     b = _Body(tag)
 
-    def to_x_type(value: str, out: str) -> str:
+    def to_x_type(value: str, out: str, like: str) -> str:
+        """``value`` in X's type; ``like`` is a tensor of X's type and ``value``'s shape."""
         if variant.elem_type:
-            return b("Cast", value, to=variant.elem_type, out=out)
+            return _written_into(b, b("Cast", value, to=variant.elem_type), like, out)
         return b("CastLike", value, "X", out=out)
 
     x = "X"
@@ -162,7 +188,7 @@ def function(
         total = b("Add", b("Cast", "X", to=_FLOAT), b("Cast", "skip", to=_FLOAT))
         # float32 holds a sum of two half values exactly or far from a rounding tie: cast to
         # X's type it is the correctly rounded sum, what an Add of X's type gives
-        x = to_x_type(total, "S")
+        x = to_x_type(total, "S", _x_typed_like(b, total) if variant.elem_type else "")
     xf = b("Cast", x, to=_FLOAT)
     rows, shape = (xf, "") if variant.axis == "last" else _rows(b, xf)
     square = b("Pow", rows, b.const(np.array(2.0, np.float32)))
@@ -188,7 +214,7 @@ def function(
         y = b("Mul", y, _scale_of(b, variant, b("Cast", "scale", to=_FLOAT)))
     if variant.bias:
         y = b("Add", y, b("Cast", "bias", to=_FLOAT))
-    to_x_type(y, "Y")
+    to_x_type(y, "Y", x)
     attributes = ["epsilon"]
     attributes += [] if variant.axis == "last" else ["axis"]
     attributes += ["eps_outside"] if variant.eps == "either" else []
@@ -337,6 +363,10 @@ def _signature(node: onnx.NodeProto, elem_type: int) -> Variant:
     return Variant(node.op_type, present[0], present[1], elem_type=elem_type)
 
 
+def _same_inputs(a: Variant, b: Variant) -> bool:
+    return (a.op_type, a.scale, a.bias) == (b.op_type, b.scale, b.bias)
+
+
 def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
     for a in node.attribute:
         if a.name == name:
@@ -413,7 +443,10 @@ def attach(model: onnx.ModelProto) -> Attached:
     overload (the IR version is raised to 10). onnxruntime before overloads (1.21 checked) and
     onnx's ReferenceEvaluator take the last body of an op for all its nodes: the body without
     an overload name, the one with the most inputs, goes last, so that on them a node of
-    another signature fails to load (its missing input is used) rather than runs wrong.
+    another signature fails to load (its missing input is used) rather than runs wrong. Below
+    opset 15 that last body is float32 where the nodes of its inputs hold several X types: the
+    evaluator runs them all through it, each output written in its node's type and rounded
+    once; onnxruntime 1.21 refuses the other types at load.
     """
     remove(model)
     done = Attached()
@@ -444,12 +477,20 @@ def attach(model: onnx.ModelProto) -> Attached:
     variants = {sig: _merge(sig, members, sig.op_type in sums) for sig, members in groups.items()}
     default: dict[str, Variant] = {}  # per op: the body with the most inputs, scale first
     for sig in sorted(groups, key=lambda s: (-len(s.inputs), not s.scale, -len(groups[s]), s)):
-        default.setdefault(sig.op_type, sig)
+        default.setdefault(sig.op_type, dataclasses.replace(sig, elem_type=0))
+    if types:  # the last body runs every node of its inputs where overloads are not told apart
+        for op_type, sig in default.items():
+            alike = {s: m for s, m in groups.items() if _same_inputs(s, sig)}
+            elem = next(iter(alike)).elem_type if len(alike) == 1 else _DEFAULT_ELEM_TYPE
+            default[op_type] = sig = dataclasses.replace(sig, elem_type=elem)
+            variants[sig] = _merge(sig, [n for m in alike.values() for n in m], op_type in sums)
+            groups.setdefault(sig, [])
     functions, tag = [], _fresh_tag(model)
     for sig, variant in sorted(variants.items()):
         overload = "" if default[sig.op_type] == sig else variant.label
         functions.append(function(variant, opset, overload=overload, tag=tag))
-        done.bodies[f"{variant.op_type}({variant.label})"] = len(groups[sig])
+        if groups[sig]:
+            done.bodies[f"{variant.op_type}({variant.label})"] = len(groups[sig])
         for node in groups[sig]:
             _fit(node, variant)
             node.overload = overload
@@ -458,8 +499,9 @@ def attach(model: onnx.ModelProto) -> Attached:
         model.ir_version, OVERLOAD_IR_VERSION if overloaded else FUNCTION_IR_VERSION
     )
     if overloaded:
+        differ = "optional inputs" + (" or X's type" if types else "")
         done.notes.append(
-            f"{', '.join(overloaded)} nodes differ in their optional inputs: their bodies are IR "
+            f"{', '.join(overloaded)} nodes differ in their {differ}: their bodies are IR "
             "10 overloads, which onnxruntime 1.21 and onnx's ReferenceEvaluator do not tell "
             "apart (nodes of the other signatures fail to load there without our library)"
         )

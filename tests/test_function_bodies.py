@@ -404,6 +404,59 @@ def test_bodies_at_each_opset(rng, opset, domain, dtype) -> None:
     check_outputs(without_library(model, feeds), y, s, dtype)
 
 
+def _mixed_types_model(op: str, opset: int) -> onnx.ModelProto:
+    """One node of ``op`` per X type (DTYPES), each as ``one_node_model`` writes it, its values
+    named ``<name>_<dtype>``; one signature (a scale)."""
+    nodes, inputs, outputs = [], [], []
+    for dtype in DTYPES:
+        graph = one_node_model(op, dtype, "scale", -1, False, opset=opset).graph
+        for node in graph.node:
+            node.input[:] = [f"{n}_{dtype}" if n else n for n in node.input]
+            node.output[:] = [f"{n}_{dtype}" if n else n for n in node.output]
+            node.ClearField("overload")
+            node.name = f"{node.name}_{dtype}" if node.name else ""
+        for value in [*graph.input, *graph.output]:
+            value.name = f"{value.name}_{dtype}"
+        nodes += graph.node
+        inputs += graph.input
+        outputs += graph.output
+    graph = helper.make_graph(nodes, "mixed", inputs, outputs)
+    opsets = [helper.make_opsetid("", opset), op_schema.opset_import()]
+    model = helper.make_model(graph, opset_imports=opsets)
+    onnx_io.set_ir_version(model)
+    op_functions.attach(model)
+    return model
+
+
+@pytest.mark.parametrize("opset", [13, 14])
+@pytest.mark.parametrize("op", ["RMSNorm", "SkipRMSNorm+S"])
+def test_nodes_of_each_x_type_below_opset_15_get_outputs_of_their_type(
+    rng, fused_library, op, opset
+) -> None:
+    """Below opset 15 a body names X's type, an overload per type. onnx's ReferenceEvaluator
+    runs the last body of an op for all its nodes: a float16 node gave float32 where float16 is
+    declared. The last body is float32 and writes into a tensor of the node's type."""
+    model = _mixed_types_model(op, opset)
+    op_schema.register()
+    onnx.checker.check_model(model, full_check=True)
+    feeds, expected = {}, []
+    for dtype in DTYPES:
+        fed, y, s = feeds_and_expected(rng, op, dtype, "scale", -1, False)
+        feeds.update({f"{k}_{dtype}": v for k, v in fed.items()})
+        expected.append((dtype, y, s))
+    runners = [with_library, without_library]
+    if not ort.__version__.startswith("1.21."):
+        runners.append(in_reference_evaluator)
+    n_out = 2 if op.endswith("+S") else 1
+    for run in runners:
+        outs = run(model, feeds)
+        for i, (dtype, y, s) in enumerate(expected):
+            got = outs[i * n_out : (i + 1) * n_out]
+            declared = np.dtype(np.float32) if dtype == "bfloat16" else np_dtype(dtype)
+            assert [o.dtype for o in got] == [declared] * n_out, (run.__name__, dtype)
+            check_outputs(got, y, s, dtype)
+
+
 def test_newest_onnx_opset_checks_and_evaluates(rng) -> None:
     opset = onnx.defs.onnx_opset_version()
     model = one_node_model("RMSNorm", "float16", "scale_bias", -2, True, opset=opset)
