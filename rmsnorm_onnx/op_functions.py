@@ -57,6 +57,7 @@ _DEFAULT_ELEM_TYPE = onnx.TensorProto.FLOAT
 _AXES_INPUT_OPSET = 18  # ReduceMean's axes moved from attribute to input
 _FLOAT = onnx.TensorProto.FLOAT
 _INT, _FLOAT_ATTR = onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT
+_END = np.array([np.iinfo(np.int64).max], np.int64)  # a Slice to the last element
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -125,33 +126,38 @@ def _rows(b: _Body, xf: str) -> tuple[str, str]:
     shape = b("Shape", xf)
     axis = b("Constant", value_int=_ref("value_int", _INT, "axis"))
     first = b("Reshape", b("Mod", axis, b("Size", shape)), b.const(np.array([1], np.int64)))
-    tail = b("Slice", shape, first, b.const(np.array([np.iinfo(np.int64).max], np.int64)))
+    tail = b("Slice", shape, first, b.const(_END))
     cols = b("ReduceProd", tail, keepdims=1)  # every axis: the same at any opset
     cols = b("Max", cols, b.const(np.array([1], np.int64)))
     return b("Reshape", xf, b("Concat", b.const(np.array([-1], np.int64)), cols, axis=0)), shape
 
 
-def _scale_of(b: _Body, variant: Variant, scale: str) -> str:
-    """The float32 scale the last-axis body multiplies by, as one axis: onnxruntime (1.31) fuses
-    the inlined Div and Mul into its SimplifiedLayerNormalization and then drops a node for a
-    0-d scale of a 1-D X (the session refuses the file: "Node input '..._Div_8' is not a graph
-    input"). A scale broadcast to the last axis alone has the same values as one axis."""
+def _scale_of(b: _Body, variant: Variant, scale: str, rows: str) -> str:
+    """The float32 scale the last-axis body multiplies ``rows`` by, expanded to their last dim:
+    onnxruntime fuses the inlined Div and Mul into its SimplifiedLayerNormalization, which
+    dropped a node for a 0-d scale of a 1-D X in 1.31 (the session refused the file: "Node input
+    '..._Div_8' is not a graph input") and refuses a scale of 1 for X of 4 in 1.21. The values
+    are those of the scale broadcast, as the Mul would."""
     if variant.axis != "last":  # multiplied after the reshape back to X: no such fusion
         return scale
-    return b("Reshape", scale, b.const(np.array([-1], np.int64)))
+    last = b("Slice", b("Shape", rows), b.const(np.array([-1], np.int64)), b.const(_END))
+    return b("Expand", scale, last)
 
 
 def _written_into(b: _Body, value: str, like: str, out: str) -> str:
     """``value`` (of X's type as the body names it) written over the whole of ``like`` (a tensor
-    of the node's X's type and ``value``'s shape): ScatterND of one update that is the whole
-    tensor. Below opset 15 a body names X's type, one per type; onnx's ReferenceEvaluator (and
+    of the node's X's type and ``value``'s shape): ScatterND of every row of the first axis
+    (one update of the whole tensor, indices [1, 0], crashes onnxruntime 1.21).
+
+    Below opset 15 a body names X's type, one per type; onnx's ReferenceEvaluator (and
     onnxruntime before overloads) runs the last body of an op for every node of it. Where types
     are checked (onnxruntime) another type is refused at load; where they are not (the
     evaluator assigns the update into a copy of ``like``) the output still takes the node's
     type, rounded once from the float32 default body (:func:`attach` puts it last)."""
-    whole = b.const(np.zeros((1, 0), np.int64))
-    update = b("Unsqueeze", value, b.const(np.array([0], np.int64)))
-    return b("ScatterND", like, whole, update, out=out)
+    rows = b("Gather", b("Shape", like), b.const(np.array(0, np.int64)), axis=0)
+    every = b("Range", b.const(np.array(0, np.int64)), rows, b.const(np.array(1, np.int64)))
+    index = b("Unsqueeze", every, b.const(np.array([-1], np.int64)))
+    return b("ScatterND", like, index, value, out=out)
 
 
 def _x_typed_like(b: _Body, value: str) -> str:
@@ -211,7 +217,7 @@ def function(
     if variant.axis != "last":  # X's shape may hold zeros: they are dims, not "copy X's"
         y = b("Reshape", y, shape, **({"allowzero": 1} if opset >= _ALLOWZERO_OPSET else {}))
     if variant.scale:
-        y = b("Mul", y, _scale_of(b, variant, b("Cast", "scale", to=_FLOAT)))
+        y = b("Mul", y, _scale_of(b, variant, b("Cast", "scale", to=_FLOAT), rows))
     if variant.bias:
         y = b("Add", y, b("Cast", "bias", to=_FLOAT))
     to_x_type(y, "Y", x)

@@ -228,16 +228,15 @@ def test_with_the_library_our_kernel_runs_the_node(rng, tmp_path, fused_library,
 
 def test_inlined_body_becomes_onnxruntimes_fused_norm(rng, tmp_path) -> None:
     """The body's Div spelling is the one onnxruntime's optimizer fuses (float32, last axis,
-    epsilon inside; a consumer after the norm and the scale a weight, as in a model: the body's
-    Reshape of it is folded)."""
+    epsilon inside; a consumer after the norm, as in a model). The scale expanded to the last dim
+    (``op_functions._scale_of``) costs three small ops beside it where a dim is symbolic."""
     model = one_node_model("RMSNorm", "float32", "scale", -1, False)
     model.graph.node[-1].output[0] = "y0"
     model.graph.node.append(helper.make_node("Mul", ["y0", "scale"], ["y"]))
     feeds, _, _ = feeds_and_expected(rng, "RMSNorm", "float32", "scale", -1, False)
-    model.graph.initializer.append(numpy_helper.from_array(feeds.pop("scale"), "scale"))
-    del model.graph.input[-1]  # x, scale
     ran = _ops_run(model, feeds, tmp_path, library=False)
-    assert ran == ["SimplifiedLayerNormalization", "Mul"], ran
+    expand = ["Shape", "Slice", "Expand"]
+    assert [op for op in ran if op not in expand] == ["SimplifiedLayerNormalization", "Mul"], ran
 
 
 # --- one body per variant, attributes per node --------------------------------------------------
@@ -444,9 +443,11 @@ def test_nodes_of_each_x_type_below_opset_15_get_outputs_of_their_type(
         fed, y, s = feeds_and_expected(rng, op, dtype, "scale", -1, False)
         feeds.update({f"{k}_{dtype}": v for k, v in fed.items()})
         expected.append((dtype, y, s))
-    runners = [with_library, without_library]
-    if not ort.__version__.startswith("1.21."):
-        runners.append(in_reference_evaluator)
+    runners = [with_library, without_library, in_reference_evaluator]
+    if ort.__version__.startswith("1.21."):  # one body for all nodes: other types refused
+        with pytest.raises(ORT_ERRORS, match="has inconsistent type tensor"):
+            without_library(model, feeds)
+        runners = [with_library]
     n_out = 2 if op.endswith("+S") else 1
     for run in runners:
         outs = run(model, feeds)
