@@ -19,6 +19,7 @@ socket or a device is refused, naming it, before anything is written.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -352,13 +353,27 @@ def fuse_folder(
             _verify_decoder(model, out_model, config["model"])
             report.verified = True
         report.notes = [note.replace(str(tmp), str(given)) for note in report.notes]
-        if dst_dir.exists():
-            dst_dir.rmdir()  # empty (checked above)
-        os.rename(tmp, dst_dir)
+        _move_into_place(tmp, dst_dir, given)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return report
+
+
+def _move_into_place(tmp: Path, dst_dir: Path, given: Path) -> None:
+    """Rename the finished folder to OUT, which was absent or empty when the run began; another
+    run may have written it since (two conversions into one OUT: the first one wins)."""
+    try:
+        if dst_dir.exists():
+            dst_dir.rmdir()  # empty (checked at the start)
+        os.rename(tmp, dst_dir)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise
+        raise UsageError(
+            f"{given}: appeared while this run worked (another run wrote it meanwhile?); it is "
+            "left as it is, and nothing of this run is kept"
+        ) from None
 
 
 _PROMPT = 8  # tokens of the verification prompt (the cache starts empty)
