@@ -70,6 +70,7 @@ class Variant:
     eps: str = "inside"  # epsilon added under the root, to it ("outside"), or as eps_outside says
     axis: str = "last"  # normalizes the last axis alone; "any": X flattened to rows at @axis
     sum: bool = False  # SkipRMSNorm's output S is declared (its nodes without S name it '')
+    spread: bool = False  # a scale of one element is expanded to the last dim (_scale_of)
     elem_type: int = 0  # X's element type where the body must name it (opset < 15); 0: any
 
     @property
@@ -88,6 +89,7 @@ class Variant:
         parts += [] if self.eps == "inside" else [f"eps_{self.eps}"]
         parts += [] if self.axis == "last" else [f"{self.axis}_axis"]
         parts += ["sum"] if self.sum else []
+        parts += ["spread_scale"] if self.spread else []
         if self.elem_type:
             parts.append(helper.tensor_dtype_to_np_dtype(self.elem_type).name)
         return "_".join(parts) or "plain"
@@ -132,15 +134,16 @@ def _rows(b: _Body, xf: str) -> tuple[str, str]:
     return b("Reshape", xf, b("Concat", b.const(np.array([-1], np.int64)), cols, axis=0)), shape
 
 
-def _scale_of(b: _Body, variant: Variant, scale: str, rows: str) -> str:
-    """The float32 scale the last-axis body multiplies ``rows`` by, expanded to their last dim:
-    onnxruntime fuses the inlined Div and Mul into its SimplifiedLayerNormalization, which
-    dropped a node for a 0-d scale of a 1-D X in 1.31 (the session refused the file: "Node input
-    '..._Div_8' is not a graph input") and refuses a scale of 1 for X of 4 in 1.21. The values
-    are those of the scale broadcast, as the Mul would."""
-    if variant.axis != "last":  # multiplied after the reshape back to X: no such fusion
+def _scale_of(b: _Body, variant: Variant, scale: str) -> str:
+    """The float32 scale the last-axis body multiplies by; one of a single element expanded to
+    X's last dim. onnxruntime fuses the inlined Div and Mul into its
+    SimplifiedLayerNormalization, which dropped a node for a 0-d scale of a 1-D X in 1.31 (the
+    session refused the file: "Node input '..._Div_8' is not a graph input") and refuses a scale
+    of 1 for X of 4 in 1.21. The values are those the Mul broadcasts. (Only where a node needs
+    it: the fusion pass reads the plain spelling back from an inlined body as the same op.)"""
+    if not variant.spread or variant.axis != "last":  # else multiplied after the reshape back
         return scale
-    last = b("Slice", b("Shape", rows), b.const(np.array([-1], np.int64)), b.const(_END))
+    last = b("Slice", b("Shape", "X"), b.const(np.array([-1], np.int64)), b.const(_END))
     return b("Expand", scale, last)
 
 
@@ -217,7 +220,7 @@ def function(
     if variant.axis != "last":  # X's shape may hold zeros: they are dims, not "copy X's"
         y = b("Reshape", y, shape, **({"allowzero": 1} if opset >= _ALLOWZERO_OPSET else {}))
     if variant.scale:
-        y = b("Mul", y, _scale_of(b, variant, b("Cast", "scale", to=_FLOAT), rows))
+        y = b("Mul", y, _scale_of(b, variant, b("Cast", "scale", to=_FLOAT)))
     if variant.bias:
         y = b("Add", y, b("Cast", "bias", to=_FLOAT))
     to_x_type(y, "Y", x)
@@ -380,16 +383,41 @@ def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
     return default
 
 
-def _merge(signature: Variant, nodes: list[onnx.NodeProto], sums: bool) -> Variant:
+def _merge(
+    signature: Variant, nodes: list[onnx.NodeProto], sums: bool, spread: set[int]
+) -> Variant:
     """One body for all ``nodes`` (one signature): the fixed spelling where they agree, the
-    attribute where they do not; S declared where any node of the op (``sums``) asks for it."""
+    attribute where they do not; S declared where any node of the op (``sums``) asks for it,
+    the scale spread where any node's is one element (``spread``: ids of such nodes)."""
     outside = {_attr(n, "eps_outside", 0) == 1 for n in nodes}
     return dataclasses.replace(
         signature,
         eps="either" if len(outside) > 1 else "outside" if outside == {True} else "inside",
         axis="last" if all(_attr(n, "axis", -1) == -1 for n in nodes) else "any",
         sum=sums,
+        spread=any(id(n) in spread for n in nodes),
     )
+
+
+def _one_element_scales(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> set[int]:
+    """The ids of ``nodes`` whose scale holds one element (dims as an initializer or a declared
+    value has them, by name across the model's graphs): 0-d or [1], where the body spreads it."""
+    dims: dict[str, list[int]] = {}
+    for graph in all_graphs(model):
+        for t in getattr(graph, "initializer", ()):
+            dims[t.name] = list(t.dims)
+        for info in (*getattr(graph, "input", ()), *getattr(graph, "value_info", ())):
+            if isinstance(info, onnx.ValueInfoProto) and info.type.tensor_type.HasField("shape"):
+                shape = info.type.tensor_type.shape.dim
+                if all(d.HasField("dim_value") for d in shape):
+                    dims.setdefault(info.name, [d.dim_value for d in shape])
+    found = set()
+    for node in nodes:
+        first = 2 if node.op_type == op_schema.SKIP_OP_TYPE else 1
+        scale = node.input[first] if len(node.input) > first else ""
+        if scale in dims and int(np.prod(dims[scale])) == 1:
+            found.add(id(node))
+    return found
 
 
 def _fit(node: onnx.NodeProto, variant: Variant) -> None:
@@ -480,7 +508,10 @@ def attach(model: onnx.ModelProto) -> Attached:
     # S is declared by all bodies of the op or by none: onnxruntime 1.21, which runs one body
     # for all nodes of an op, aborts the process on a node with fewer outputs than its body
     sums = {n.op_type for n in nodes if len(n.output) > 1 and n.output[1]}
-    variants = {sig: _merge(sig, members, sig.op_type in sums) for sig, members in groups.items()}
+    spread = _one_element_scales(model, nodes)
+    variants = {
+        sig: _merge(sig, members, sig.op_type in sums, spread) for sig, members in groups.items()
+    }
     default: dict[str, Variant] = {}  # per op: the body with the most inputs, scale first
     for sig in sorted(groups, key=lambda s: (-len(s.inputs), not s.scale, -len(groups[s]), s)):
         default.setdefault(sig.op_type, dataclasses.replace(sig, elem_type=0))
@@ -489,7 +520,8 @@ def attach(model: onnx.ModelProto) -> Attached:
             alike = {s: m for s, m in groups.items() if _same_inputs(s, sig)}
             elem = next(iter(alike)).elem_type if len(alike) == 1 else _DEFAULT_ELEM_TYPE
             default[op_type] = sig = dataclasses.replace(sig, elem_type=elem)
-            variants[sig] = _merge(sig, [n for m in alike.values() for n in m], op_type in sums)
+            alike_nodes = [n for m in alike.values() for n in m]
+            variants[sig] = _merge(sig, alike_nodes, op_type in sums, spread)
             groups.setdefault(sig, [])
     functions, tag = [], _fresh_tag(model)
     for sig, variant in sorted(variants.items()):

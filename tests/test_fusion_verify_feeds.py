@@ -270,6 +270,6 @@ def test_verify_checks_the_file_without_the_library_too(monkeypatch, dim, fused_
     _, report = fuse(_rank1_norm(dim), verify=True)  # the bodies run it now
     assert report.verified and report.written == {"RMSNorm": 1}
     # the body as it was: the 0-d scale multiplied as it is
-    monkeypatch.setattr(op_functions, "_scale_of", lambda b, variant, scale, rows: scale)
+    monkeypatch.setattr(op_functions, "_scale_of", lambda b, variant, scale: scale)
     with pytest.raises(RMSNormOnnxError, match="without our library"):
         fuse(_rank1_norm(dim), verify=True)
