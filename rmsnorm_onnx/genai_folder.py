@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from . import onnx_io, op_schema
+from . import onnx_io, op_functions, op_schema
 from .errors import InvalidModelError, RMSNormOnnxError, UsageError
 from .fusion import FuseReport, fuse_file, inline_weights
 from .fusion.external import data_files_read, external_files
@@ -429,7 +429,10 @@ def _positive_int(config: dict[str, Any], key: str, default: int | None) -> int:
 
 
 def _verify_decoder(original: Path, converted: Path, model: dict[str, Any]) -> None:
-    """Both decoders in onnxruntime (CPU) on one prompt: every output must match."""
+    """Both decoders in onnxruntime (CPU) on one prompt: every output must match; where the
+    converted one carries our ops' bodies, also without our library (what they promise)."""
+    import onnxruntime as ort
+
     from .fusion.verify import check_outputs
     from .runtime import session
 
@@ -438,3 +441,8 @@ def _verify_decoder(original: Path, converted: Path, model: dict[str, Any]) -> N
     names = [meta.name for meta in after.get_outputs()]
     expected, got = before.run(None, feeds), after.run(None, feeds)
     check_outputs(names, expected, got, tolerance, what="the decoder's output")
+    proto = inline_weights.read(converted).proto
+    if op_functions.our_nodes(proto) and op_functions.has_bodies(proto):
+        plain = ort.InferenceSession(str(converted), providers=["CPUExecutionProvider"])
+        what = "the decoder's output without our library (through the function bodies)"
+        check_outputs(names, expected, plain.run(None, feeds), tolerance, what=what)

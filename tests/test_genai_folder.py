@@ -142,6 +142,19 @@ def test_verify_catches_a_wrong_conversion(
     _no_output(tmp_path, "llama-cpu")
 
 
+def test_verify_runs_the_folder_without_our_library_too(
+    tmp_path: Path, genai_dir: Path, monkeypatch: pytest.MonkeyPatch, fused_library: str
+) -> None:
+    """Our kernels right, the bodies wrong (their scale negated): only a run without our
+    library shows it, which a user without it gets."""
+    from rmsnorm_onnx import op_functions
+
+    monkeypatch.setattr(op_functions, "_scale_of", lambda b, variant, scale: b("Neg", scale))
+    with pytest.raises(RMSNormOnnxError, match="without our library"):
+        fuse_folder(genai_dir, tmp_path / "out", verify=True)
+    _no_output(tmp_path, "llama-cpu")
+
+
 def test_an_empty_out_folder_is_filled(tmp_path: Path, genai_dir: Path, fused_library: str) -> None:
     (tmp_path / "out").mkdir()
     fuse_folder(genai_dir, tmp_path / "out", target="contrib")
