@@ -25,8 +25,8 @@ _LAZY = {
 }
 
 # the package each optional module needs: names it cannot provide here stay out of __all__, so
-# that ``from rmsnorm_onnx import *``, help() and inspect work without it (asked for by name,
-# they raise the ImportError that says what is missing)
+# that ``from rmsnorm_onnx import *``, help() and inspect work without it; asked for by name they
+# are an AttributeError that says what is missing (so hasattr() answers False)
 _NEEDS = {"torch_module": "torch", "torch_patch": "torch", "torch_export": "torch",
           "openvino_ext": "openvino"}  # fmt: skip
 __all__ = [
@@ -43,7 +43,18 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'rmsnorm_onnx' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    try:
+        loaded = importlib.import_module(f".{module}", __name__)
+    except ModuleNotFoundError as e:
+        needed = _NEEDS.get(module)
+        if needed is None or (e.name or "").partition(".")[0] != needed:
+            raise
+        raise AttributeError(
+            f"rmsnorm_onnx.{name} needs {needed}, which is not installed (pip install {needed})",
+            name=name,
+            obj=None,
+        ) from e
+    value = getattr(loaded, name)
     globals()[name] = value
     return value
 

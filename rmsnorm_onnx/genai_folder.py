@@ -19,6 +19,7 @@ socket or a device is refused, naming it, before anything is written.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -30,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from . import onnx_io, op_schema
+from . import onnx_io, op_functions, op_schema
 from .errors import InvalidModelError, RMSNormOnnxError, UsageError
 from .fusion import FuseReport, Target, fuse_file, inline_weights
-from .fusion.external import external_files
+from .fusion.external import data_files_read, external_files
 from .reference import tolerance
 from .runtime import LIBRARY_NAMES, library_path
 
@@ -234,17 +235,13 @@ def _copy_regular(source: Path, dst: Path) -> None:
 
 
 def _read_by_others(src: Path, entries: list[_Entry], decoder: Path) -> set[Path]:
-    """The files (relative to ``src``) that another model of the folder reads as external data."""
+    """The files (relative to ``src``) that another model of the folder reads as external data;
+    a model is known by its bytes, not its name (``vision.bin`` is read as one)."""
     read: set[Path] = set()
     for entry in entries:
-        if entry.kind != "file" or entry.rel.suffix != ".onnx" or entry.rel == decoder:
+        if entry.kind != "file" or entry.rel == decoder:
             continue
-        try:
-            found = inline_weights.read(src / entry.rel)
-            locations = external_files(found.proto, found)
-        except RMSNormOnnxError:  # not a model we can read: nothing to keep for it
-            continue
-        for location in locations:
+        for location in data_files_read(src / entry.rel):
             rel = Path(os.path.normpath(entry.rel.parent / location))
             if not rel.is_absolute() and rel.parts[:1] != ("..",):
                 read.add(rel)
@@ -356,13 +353,27 @@ def fuse_folder(
             _verify_decoder(model, out_model, config["model"])
             report.verified = True
         report.notes = [note.replace(str(tmp), str(given)) for note in report.notes]
-        if dst_dir.exists():
-            dst_dir.rmdir()  # empty (checked above)
-        os.rename(tmp, dst_dir)
+        _move_into_place(tmp, dst_dir, given)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return report
+
+
+def _move_into_place(tmp: Path, dst_dir: Path, given: Path) -> None:
+    """Rename the finished folder to OUT, which was absent or empty when the run began; another
+    run may have written it since (two conversions into one OUT: the first one wins)."""
+    try:
+        if dst_dir.exists():
+            dst_dir.rmdir()  # empty (checked at the start)
+        os.rename(tmp, dst_dir)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise
+        raise UsageError(
+            f"{given}: appeared while this run worked (another run wrote it meanwhile?); it is "
+            "left as it is, and nothing of this run is kept"
+        ) from None
 
 
 _PROMPT = 8  # tokens of the verification prompt (the cache starts empty)
@@ -418,7 +429,10 @@ def _positive_int(config: dict[str, Any], key: str, default: int | None) -> int:
 
 
 def _verify_decoder(original: Path, converted: Path, model: dict[str, Any]) -> None:
-    """Both decoders in onnxruntime (CPU) on one prompt: every output must match."""
+    """Both decoders in onnxruntime (CPU) on one prompt: every output must match; where the
+    converted one carries our ops' bodies, also without our library (what they promise)."""
+    import onnxruntime as ort
+
     from .fusion.verify import check_outputs
     from .runtime import session
 
@@ -427,3 +441,8 @@ def _verify_decoder(original: Path, converted: Path, model: dict[str, Any]) -> N
     names = [meta.name for meta in after.get_outputs()]
     expected, got = before.run(None, feeds), after.run(None, feeds)
     check_outputs(names, expected, got, tolerance, what="the decoder's output")
+    proto = inline_weights.read(converted).proto
+    if op_functions.our_nodes(proto) and op_functions.has_bodies(proto):
+        plain = ort.InferenceSession(str(converted), providers=["CPUExecutionProvider"])
+        what = "the decoder's output without our library (through the function bodies)"
+        check_outputs(names, expected, plain.run(None, feeds), tolerance, what=what)

@@ -19,8 +19,10 @@ SimplifiedLayerNormalization kernel (float32, and float16 through the Casts; 1.2
 Attributes are references: one body serves every epsilon, and nodes of one op that differ in
 eps_outside or axis share a body that reads them (the fast body, last axis and epsilon inside,
 where all agree). Every float type shares a body through CastLike (opset 15 on; below, a body per
-X type). Only nodes passing other optional inputs, or computing in another type (double X, a
-float32 residual stream), need another body: an IR 10 overload.
+X type, each writing its output into a tensor of the node's X type, so that a runtime running one
+body for all nodes of an op gives each its own type). Only nodes passing other optional inputs,
+or computing in another type (double X, a float32 residual stream), need another body: an IR 10
+overload.
 """
 
 from __future__ import annotations
@@ -53,10 +55,13 @@ FUNCTION_IR_VERSION = 8  # model-local functions
 OVERLOAD_IR_VERSION = 10  # NodeProto/FunctionProto.overload
 _ALLOWZERO_OPSET = 14  # Reshape's allowzero
 _CASTLIKE_OPSET = 15
+# below it, the type of the body every node can run (:func:`_written_into`): it rounds nothing
+_DEFAULT_ELEM_TYPE = onnx.TensorProto.FLOAT
 _AXES_INPUT_OPSET = 18  # ReduceMean's axes moved from attribute to input
 _FLOAT = onnx.TensorProto.FLOAT
 _INT, _FLOAT_ATTR = onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT
 _COMPUTE_NAMES = {onnx.TensorProto.DOUBLE: "double"}  # a compute type other than float32
+_END = np.array([np.iinfo(np.int64).max], np.int64)  # a Slice to the last element
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -69,6 +74,7 @@ class Variant:
     eps: str = "inside"  # epsilon added under the root, to it ("outside"), or as eps_outside says
     axis: str = "last"  # normalizes the last axis alone; "any": X flattened to rows at @axis
     sum: bool = False  # SkipRMSNorm's output S is declared (its nodes without S name it '')
+    spread: bool = False  # a scale of one element is expanded to the last dim (_scale_of)
     elem_type: int = 0  # X's element type where the body must name it (opset < 15); 0: any
     compute: int = _FLOAT  # what the body computes in: op_schema.COMPUTE_TYPE of X's type
     residual: bool = False  # SkipRMSNorm: skip and S of the compute type (S not rounded)
@@ -91,6 +97,7 @@ class Variant:
         parts += ["sum"] if self.sum else []
         parts += [_COMPUTE_NAMES[self.compute]] if self.compute in _COMPUTE_NAMES else []
         parts += ["residual_float"] if self.residual else []
+        parts += ["spread_scale"] if self.spread else []
         if self.elem_type:
             parts.append(helper.tensor_dtype_to_np_dtype(self.elem_type).name)
         return "_".join(parts) or "plain"
@@ -129,10 +136,47 @@ def _rows(b: _Body, xf: str) -> tuple[str, str]:
     shape = b("Shape", xf)
     axis = b("Constant", value_int=_ref("value_int", _INT, "axis"))
     first = b("Reshape", b("Mod", axis, b("Size", shape)), b.const(np.array([1], np.int64)))
-    tail = b("Slice", shape, first, b.const(np.array([np.iinfo(np.int64).max], np.int64)))
+    tail = b("Slice", shape, first, b.const(_END))
     cols = b("ReduceProd", tail, keepdims=1)  # every axis: the same at any opset
     cols = b("Max", cols, b.const(np.array([1], np.int64)))
     return b("Reshape", xf, b("Concat", b.const(np.array([-1], np.int64)), cols, axis=0)), shape
+
+
+def _scale_of(b: _Body, variant: Variant, scale: str) -> str:
+    """The float32 scale the last-axis body multiplies by; one of a single element expanded to
+    X's last dim. onnxruntime fuses the inlined Div and Mul into its
+    SimplifiedLayerNormalization, which dropped a node for a 0-d scale of a 1-D X in 1.31 (the
+    session refused the file: "Node input '..._Div_8' is not a graph input") and refuses a scale
+    of 1 for X of 4 in 1.21. The values are those the Mul broadcasts. (Only where a node needs
+    it: the fusion pass reads the plain spelling back from an inlined body as the same op.)"""
+    if not variant.spread or variant.axis != "last":  # else multiplied after the reshape back
+        return scale
+    last = b("Slice", b("Shape", "X"), b.const(np.array([-1], np.int64)), b.const(_END))
+    return b("Expand", scale, last)
+
+
+def _written_into(b: _Body, value: str, like: str, out: str) -> str:
+    """``value`` (of X's type as the body names it) written over the whole of ``like`` (a tensor
+    of the node's X's type and ``value``'s shape): ScatterND of every row of the first axis
+    (one update of the whole tensor, indices [1, 0], crashes onnxruntime 1.21).
+
+    Below opset 15 a body names X's type, one per type; onnx's ReferenceEvaluator (and
+    onnxruntime before overloads) runs the last body of an op for every node of it. Where types
+    are checked (onnxruntime) another type is refused at load; where they are not (the
+    evaluator assigns the update into a copy of ``like``) the output still takes the node's
+    type, rounded once from the float32 default body (:func:`attach` puts it last)."""
+    rows = b("Gather", b("Shape", like), b.const(np.array(0, np.int64)), axis=0)
+    every = b("Range", b.const(np.array(0, np.int64)), rows, b.const(np.array(1, np.int64)))
+    index = b("Unsqueeze", every, b.const(np.array([-1], np.int64)))
+    return b("ScatterND", like, index, value, out=out)
+
+
+def _x_typed_like(b: _Body, value: str) -> str:
+    """A tensor of X's type and ``value``'s shape (S's, X and skip broadcast): X's first element
+    gathered by zeros of that shape (an empty X makes an empty S: nothing is gathered)."""
+    flat = b("Reshape", "X", b.const(np.array([-1], np.int64)))
+    zero = numpy_helper.from_array(np.zeros(1, np.int64), "value")
+    return b("Gather", flat, b("ConstantOfShape", b("Shape", value), value=zero))
 
 
 def function(
@@ -150,22 +194,23 @@ def function(
         raise ValueError(f"below opset {_CASTLIKE_OPSET} a body must name X's type")
     b = _Body(tag)
 
-    def to_x_type(value: str, out: str) -> str:
+    def to_x_type(value: str, out: str, like: str) -> str:
+        """``value`` in X's type; ``like`` is a tensor of X's type and ``value``'s shape."""
         if variant.elem_type:
-            return b("Cast", value, to=variant.elem_type, out=out)
+            return _written_into(b, b("Cast", value, to=variant.elem_type), like, out)
         return b("CastLike", value, "X", out=out)
 
     ct = variant.compute
-    x = "X"
-    xf = ""
+    x, xf, like = "X", "", ""
     if variant.op_type == op_schema.SKIP_OP_TYPE:  # in float32: CPU onnxruntime has no bf16 Add
         total = b("Add", b("Cast", "X", to=ct), b("Cast", "skip", to=ct))
         if variant.residual:  # S in the compute type: the float32 residual stream
             xf = b("Identity", total, out="S")
+            like = _x_typed_like(b, total) if variant.elem_type else ""
         else:
             # float32 holds a sum of two half values exactly or far from a rounding tie: cast to
             # X's type it is the correctly rounded sum, what an Add of X's type gives
-            x = to_x_type(total, "S")
+            x = to_x_type(total, "S", _x_typed_like(b, total) if variant.elem_type else "")
     xf = xf or b("Cast", x, to=ct)
     rows, shape = (xf, "") if variant.axis == "last" else _rows(b, xf)
     square = b("Pow", rows, b.const(np.array(2.0, helper.tensor_dtype_to_np_dtype(ct))))
@@ -190,10 +235,10 @@ def function(
     if variant.axis != "last":  # X's shape may hold zeros: they are dims, not "copy X's"
         y = b("Reshape", y, shape, **({"allowzero": 1} if opset >= _ALLOWZERO_OPSET else {}))
     if variant.scale:
-        y = b("Mul", y, b("Cast", "scale", to=ct))
+        y = b("Mul", y, _scale_of(b, variant, b("Cast", "scale", to=ct)))
     if variant.bias:
         y = b("Add", y, b("Cast", "bias", to=ct))
-    to_x_type(y, "Y")
+    to_x_type(y, "Y", like or x)
     attributes = ["epsilon"]
     attributes += [] if variant.axis == "last" else ["axis"]
     attributes += ["eps_outside"] if variant.eps == "either" else []
@@ -366,6 +411,10 @@ def _signature(node: onnx.NodeProto, elem_type: int, types: tuple[int, int]) -> 
     )
 
 
+def _same_inputs(a: Variant, b: Variant) -> bool:
+    return (a.op_type, a.scale, a.bias) == (b.op_type, b.scale, b.bias)
+
+
 def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
     for a in node.attribute:
         if a.name == name:
@@ -373,16 +422,41 @@ def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
     return default
 
 
-def _merge(signature: Variant, nodes: list[onnx.NodeProto], sums: bool) -> Variant:
+def _merge(
+    signature: Variant, nodes: list[onnx.NodeProto], sums: bool, spread: set[int]
+) -> Variant:
     """One body for all ``nodes`` (one signature): the fixed spelling where they agree, the
-    attribute where they do not; S declared where any node of the op (``sums``) asks for it."""
+    attribute where they do not; S declared where any node of the op (``sums``) asks for it,
+    the scale spread where any node's is one element (``spread``: ids of such nodes)."""
     outside = {_attr(n, "eps_outside", 0) == 1 for n in nodes}
     return dataclasses.replace(
         signature,
         eps="either" if len(outside) > 1 else "outside" if outside == {True} else "inside",
         axis="last" if all(_attr(n, "axis", -1) == -1 for n in nodes) else "any",
         sum=sums,
+        spread=any(id(n) in spread for n in nodes),
     )
+
+
+def _one_element_scales(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> set[int]:
+    """The ids of ``nodes`` whose scale holds one element (dims as an initializer or a declared
+    value has them, by name across the model's graphs): 0-d or [1], where the body spreads it."""
+    dims: dict[str, list[int]] = {}
+    for graph in all_graphs(model):
+        for t in getattr(graph, "initializer", ()):
+            dims[t.name] = list(t.dims)
+        for info in (*getattr(graph, "input", ()), *getattr(graph, "value_info", ())):
+            if isinstance(info, onnx.ValueInfoProto) and info.type.tensor_type.HasField("shape"):
+                shape = info.type.tensor_type.shape.dim
+                if all(d.HasField("dim_value") for d in shape):
+                    dims.setdefault(info.name, [d.dim_value for d in shape])
+    found = set()
+    for node in nodes:
+        first = 2 if node.op_type == op_schema.SKIP_OP_TYPE else 1
+        scale = node.input[first] if len(node.input) > first else ""
+        if scale in dims and int(np.prod(dims[scale])) == 1:
+            found.add(id(node))
+    return found
 
 
 def _fit(node: onnx.NodeProto, variant: Variant) -> None:
@@ -442,7 +516,10 @@ def attach(model: onnx.ModelProto) -> Attached:
     overload (the IR version is raised to 10). onnxruntime before overloads (1.21 checked) and
     onnx's ReferenceEvaluator take the last body of an op for all its nodes: the body without
     an overload name, the one with the most inputs, goes last, so that on them a node of
-    another signature fails to load (its missing input is used) rather than runs wrong.
+    another signature fails to load (its missing input is used) rather than runs wrong. Below
+    opset 15 that last body is float32 where the nodes of its inputs hold several X types: the
+    evaluator runs them all through it, each output written in its node's type and rounded
+    once; onnxruntime 1.21 refuses the other types at load.
     """
     remove(model)
     done = Attached()
@@ -471,15 +548,27 @@ def attach(model: onnx.ModelProto) -> Attached:
     # S is declared by all bodies of the op or by none: onnxruntime 1.21, which runs one body
     # for all nodes of an op, aborts the process on a node with fewer outputs than its body
     sums = {n.op_type for n in nodes if len(n.output) > 1 and n.output[1]}
-    variants = {sig: _merge(sig, members, sig.op_type in sums) for sig, members in groups.items()}
+    spread = _one_element_scales(model, nodes)
+    variants = {
+        sig: _merge(sig, members, sig.op_type in sums, spread) for sig, members in groups.items()
+    }
     default: dict[str, Variant] = {}  # per op: the body with the most inputs, scale first
     for sig in sorted(groups, key=lambda s: (-len(s.inputs), not s.scale, -len(groups[s]), s)):
-        default.setdefault(sig.op_type, sig)
+        default.setdefault(sig.op_type, dataclasses.replace(sig, elem_type=0))
+    if types:  # the last body runs every node of its inputs where overloads are not told apart
+        for op_type, sig in default.items():
+            alike = {s: m for s, m in groups.items() if _same_inputs(s, sig)}
+            elem = next(iter(alike)).elem_type if len(alike) == 1 else _DEFAULT_ELEM_TYPE
+            default[op_type] = sig = dataclasses.replace(sig, elem_type=elem)
+            alike_nodes = [n for m in alike.values() for n in m]
+            variants[sig] = _merge(sig, alike_nodes, op_type in sums, spread)
+            groups.setdefault(sig, [])
     functions, tag = [], _fresh_tag(model)
     for sig, variant in sorted(variants.items()):
         overload = "" if default[sig.op_type] == sig else variant.label
         functions.append(function(variant, opset, overload=overload, tag=tag))
-        done.bodies[f"{variant.op_type}({variant.label})"] = len(groups[sig])
+        if groups[sig]:
+            done.bodies[f"{variant.op_type}({variant.label})"] = len(groups[sig])
         for node in groups[sig]:
             _fit(node, variant)
             if overload:
@@ -491,8 +580,9 @@ def attach(model: onnx.ModelProto) -> Attached:
         model.ir_version, OVERLOAD_IR_VERSION if overloaded else FUNCTION_IR_VERSION
     )
     if overloaded:
+        differ = "optional inputs" + (" or X's type" if types else "")
         done.notes.append(
-            f"{', '.join(overloaded)} nodes differ in their optional inputs: their bodies are IR "
+            f"{', '.join(overloaded)} nodes differ in their {differ}: their bodies are IR "
             "10 overloads, which onnxruntime 1.21 and onnx's ReferenceEvaluator do not tell "
             "apart (nodes of the other signatures fail to load there without our library)"
         )

@@ -97,8 +97,9 @@ def export(
     flat_specs: list[Any] | None = None  # per tensor input, when we chose the dynamic dims
     if dynamic_shapes is None and dynamic:
         dynamic_shapes, flat_specs = _default_dynamic_shapes(model, args, kwargs)
-    if rmsnorm != "decomposed":
-        _warn_unpatched(model, rmsnorm)
+    foreign = _foreign_rmsnorms(model) if rmsnorm != "decomposed" else []
+    if rmsnorm == "standard":
+        _warn_unpatched(foreign, rmsnorm, len(foreign))
     proto = _trace(
         model,
         args,
@@ -109,6 +110,7 @@ def export(
         input_names=input_names,
         output_names=output_names,
     )
+    traced = len(op_functions.our_nodes(proto))
     proto, notes = _post_process(
         proto,
         rmsnorm=rmsnorm,
@@ -117,6 +119,9 @@ def export(
         fusion=fusion,
         function_bodies=function_bodies,
     )
+    if rmsnorm == "fused":  # the fusion step raises what it recognises of them: said after it
+        raised = len(op_functions.our_nodes(proto)) - traced
+        _warn_unpatched(foreign, rmsnorm, len(foreign) - raised)
     for note in notes:
         warnings.warn(note, stacklevel=2)
     if check:
@@ -324,20 +329,30 @@ def _ensure_opset_import(proto: onnx.ModelProto) -> None:
     proto.opset_import.append(op_schema.opset_import())
 
 
-def _warn_unpatched(model: nn.Module, mode: str) -> None:
+def _foreign_rmsnorms(model: nn.Module) -> list[tuple[str, nn.Module]]:
     from .torch_patch import find_foreign_rmsnorms
 
-    foreign = find_foreign_rmsnorms(model)
-    if foreign:
-        names = Counter(type(m).__name__ for _, m in foreign)
-        listed = ", ".join(f"{n} x{c}" for n, c in sorted(names.items()))
-        fate = " (fused only where the fusion step recognizes them)" if mode == "fused" else ""
-        warnings.warn(
-            f"rmsnorm={mode!r}: {len(foreign)} RMSNorm layers are not rmsnorm_onnx.RMSNorm "
-            f"({listed}) and export as torch writes them (plain ops; torch.nn.RMSNorm at opset "
-            f"23 and above as RMSNormalization){fate}; call rmsnorm_onnx.patch(model) first",
-            stacklevel=3,
-        )
+    return find_foreign_rmsnorms(model)
+
+
+def _warn_unpatched(foreign: list[tuple[str, nn.Module]], mode: str, left: int) -> None:
+    """Warn where ``left`` of the ``foreign`` RMSNorm layers stay as torch writes them: all of
+    them for "standard"; for "fused", those the fusion step did not raise to our op (it
+    recognises torch.nn.RMSNorm's plain ops: then nothing is said)."""
+    if not foreign or left <= 0:
+        return
+    names = Counter(type(m).__name__ for _, m in foreign)
+    listed = ", ".join(f"{n} x{c}" for n, c in sorted(names.items()))
+    if mode == "fused":
+        what = f"{min(left, len(foreign))} of them were not fused and stay"
+    else:
+        what = "they export"
+    warnings.warn(
+        f"rmsnorm={mode!r}: {len(foreign)} RMSNorm layers are not rmsnorm_onnx.RMSNorm "
+        f"({listed}) and {what} as torch writes them (plain ops; torch.nn.RMSNorm at opset 23 "
+        "and above as RMSNormalization); call rmsnorm_onnx.patch(model) first",
+        stacklevel=3,
+    )
 
 
 def _our_error(e: BaseException) -> RMSNormOnnxError | None:

@@ -399,3 +399,53 @@ def test_sigterm_unwinds_like_ctrl_c(tmp_path: Path) -> None:
     assert proc.wait(timeout=30) == 143
     assert error_lines(proc.stderr.read()) == ["rmsnorm-onnx: terminated"]
     assert list(tmp_path.iterdir()) == []
+
+
+_EVIL = "n\x1b]0;pwned\x07\x1b[2J\rX\x9b"  # retitle, clear, overwrite the line, C1 CSI
+
+
+def _model_with_evil_names(path: Path) -> Path:
+    """A norm over a leading axis (a candidate the pass skips, naming its node) whose node,
+    value and output names hold terminal controls."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Pow", ["x", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], [f"ms{_EVIL}"], name=f"mean{_EVIL}"),
+        helper.make_node("Add", [f"ms{_EVIL}", "eps"], ["mse"]),
+        helper.make_node("Sqrt", ["mse"], ["root"]),
+        helper.make_node("Div", ["x", "root"], [f"y{_EVIL}"], name=f"div{_EVIL}"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array([0], np.int64), "axes"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+    ]
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes, "g", [value("x", TensorProto.FLOAT, [3, 4])],
+        [value(f"y{_EVIL}", TensorProto.FLOAT, [3, 4])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["fuse", "run", "error"])
+def test_names_from_the_model_are_printed_escaped(tmp_path, command: str) -> None:
+    """Node and tensor names holding ESC, BEL, CR or C1 controls reach the terminal as escapes,
+    in skip reasons, run's tables, -v lists and errors (--json escapes them as JSON does)."""
+    model = _model_with_evil_names(tmp_path / "m.onnx")
+    if command == "error":  # an error naming the node: an attribute of the wrong kind
+        import onnx
+
+        proto = onnx.load(model)
+        proto.graph.node[1].attribute.append(onnx.helper.make_attribute("keepdims", 1.5))
+        onnx.save(proto, model)
+    args = ["run", model, "-v"] if command == "run" else ["fuse", model, tmp_path / "o.onnx", "-v"]
+    result = run_cli(*args)
+    printed = result.stdout + result.stderr
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\rX\\x9b" in printed, printed
+    assert not set("\x1b\x07\r\x9b") & set(printed), repr(printed)

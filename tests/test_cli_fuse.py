@@ -67,6 +67,22 @@ def test_cli_prints_fused_and_skipped_per_pattern_and_reason(tmp_path: Path) -> 
     assert _files(tmp_path) == ["fused.onnx", "model.onnx"]  # no temp file left
 
 
+def test_quiet_drops_the_reports_notes(tmp_path: Path, capsys) -> None:
+    """-q is "no notes": the report's own (weights copied to OUT.data) were printed."""
+    src = _two_norms(tmp_path)
+    out = tmp_path / "elsewhere" / "f.onnx"
+    out.parent.mkdir()
+    external = tmp_path / "external.onnx"
+    onnx.save_model(onnx.load(src), external, save_as_external_data=True, size_threshold=0)
+    assert main(["fuse", str(external), str(out)]) == 0
+    loud = capsys.readouterr()
+    assert "note: weights copied to" in loud.out or "note: weights cloned to" in loud.out
+    assert main(["fuse", str(external), str(tmp_path / "elsewhere" / "g.onnx"), "-q"]) == 0
+    quiet = capsys.readouterr()
+    assert "note:" not in quiet.out + quiet.err and "wrote" not in quiet.err
+    assert "converted 1 norm to RMSNorm" in quiet.out  # the report itself stays
+
+
 def test_cli_json(tmp_path: Path, capsys) -> None:
     src = _two_norms(tmp_path)
     code = main(["fuse", str(src), "-o", str(tmp_path / "f.onnx"), "--json", "--target", "contrib"])

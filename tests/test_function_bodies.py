@@ -16,7 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from kernel_models import ORT_ERRORS, np_dtype, quantize
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from rmsnorm_onnx import onnx_io, op_functions, op_schema, reference
@@ -465,6 +465,61 @@ def test_bodies_at_each_opset(rng, opset, domain, dtype) -> None:
     check_outputs(without_library(model, feeds), y, s, dtype)
 
 
+def _mixed_types_model(op: str, opset: int) -> onnx.ModelProto:
+    """One node of ``op`` per X type (DTYPES), each as ``one_node_model`` writes it, its values
+    named ``<name>_<dtype>``; one signature (a scale)."""
+    nodes, inputs, outputs = [], [], []
+    for dtype in DTYPES:
+        graph = one_node_model(op, dtype, "scale", -1, False, opset=opset).graph
+        for node in graph.node:
+            node.input[:] = [f"{n}_{dtype}" if n else n for n in node.input]
+            node.output[:] = [f"{n}_{dtype}" if n else n for n in node.output]
+            node.ClearField("overload")
+            node.name = f"{node.name}_{dtype}" if node.name else ""
+        for value in [*graph.input, *graph.output]:
+            value.name = f"{value.name}_{dtype}"
+        nodes += graph.node
+        inputs += graph.input
+        outputs += graph.output
+    graph = helper.make_graph(nodes, "mixed", inputs, outputs)
+    opsets = [helper.make_opsetid("", opset), op_schema.opset_import()]
+    model = helper.make_model(graph, opset_imports=opsets)
+    onnx_io.set_ir_version(model)
+    op_functions.attach(model)
+    return model
+
+
+@pytest.mark.parametrize("opset", [13, 14])
+@pytest.mark.parametrize("op", ["RMSNorm", "SkipRMSNorm+S"])
+def test_nodes_of_each_x_type_below_opset_15_get_outputs_of_their_type(
+    rng, fused_library, op, opset
+) -> None:
+    """Below opset 15 a body names X's type, an overload per type. onnx's ReferenceEvaluator
+    runs the last body of an op for all its nodes: a float16 node gave float32 where float16 is
+    declared. The last body is float32 and writes into a tensor of the node's type."""
+    model = _mixed_types_model(op, opset)
+    op_schema.register()
+    onnx.checker.check_model(model, full_check=True)
+    feeds, expected = {}, []
+    for dtype in DTYPES:
+        fed, y, s = feeds_and_expected(rng, op, dtype, "scale", -1, False)
+        feeds.update({f"{k}_{dtype}": v for k, v in fed.items()})
+        expected.append((dtype, y, s))
+    runners = [with_library, without_library, in_reference_evaluator]
+    if ort.__version__.startswith("1.21."):  # one body for all nodes: other types refused
+        with pytest.raises(ORT_ERRORS, match="has inconsistent type tensor"):
+            without_library(model, feeds)
+        runners = [with_library]
+    n_out = 2 if op.endswith("+S") else 1
+    for run in runners:
+        outs = run(model, feeds)
+        for i, (dtype, y, s) in enumerate(expected):
+            got = outs[i * n_out : (i + 1) * n_out]
+            declared = np.dtype(np.float32) if dtype == "bfloat16" else np_dtype(dtype)
+            assert [o.dtype for o in got] == [declared] * n_out, (run.__name__, dtype)
+            check_outputs(got, y, s, dtype)
+
+
 def test_newest_onnx_opset_checks_and_evaluates(rng) -> None:
     opset = onnx.defs.onnx_opset_version()
     model = one_node_model("RMSNorm", "float16", "scale_bias", -2, True, opset=opset)
@@ -578,6 +633,41 @@ def test_zero_size_tensors_give_empty_outputs_everywhere(op, shape, axis, scale,
     for run in runners:
         outs = run(model, feeds)
         assert [o.shape for o in outs] == [shape] * n_out, run.__name__
+
+
+@pytest.mark.parametrize("dim", [4, "n"])
+@pytest.mark.parametrize("op", ["RMSNorm", "SkipRMSNorm+S"])
+def test_a_1d_norm_with_a_0d_scale_runs_without_the_library(op, dim) -> None:
+    """x [4] or [n] times a scale of rank 0 (a weight): onnxruntime fused the inlined body's Div
+    and Mul into its own norm and dropped a node ("Node input '..._Div_8' is not a graph input")
+    at its default optimization level."""
+    x = np.array([2.0, 4.0, 6.0, 8.0], np.float32)
+    vi = helper.make_tensor_value_info
+    names, inputs, feeds = ["x"], [vi("x", TensorProto.FLOAT, [dim])], {"x": x}
+    if op != "RMSNorm":
+        names.append("skip")
+        inputs.append(vi("skip", TensorProto.FLOAT, [dim]))
+        feeds["skip"] = -x / 2
+    outs = ["y", "s"] if op.endswith("+S") else ["y"]
+    make = op_schema.make_skip_node if op != "RMSNorm" else op_schema.make_node
+    graph = helper.make_graph(
+        [make([*names, "w"], outs, epsilon=EPSILON)],
+        "rank1",
+        inputs,
+        [vi(o, TensorProto.FLOAT, [dim]) for o in outs],
+        [numpy_helper.from_array(np.array(1.5, np.float32), "w")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), op_schema.opset_import()]
+    )
+    onnx_io.set_ir_version(model)
+    op_functions.attach(model)
+    total = x + feeds.get("skip", 0)
+    want = reference.rms_norm(total, np.float32(1.5), epsilon=EPSILON)
+    outs = without_library(model, feeds)
+    np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-6)
+    if op.endswith("+S"):
+        np.testing.assert_array_equal(outs[1], total)
 
 
 @pytest.mark.filterwarnings(

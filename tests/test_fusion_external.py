@@ -415,11 +415,12 @@ def test_one_data_file_named_two_ways_is_placed_once(tmp_path):
                                rtol=1e-5, atol=1e-5)  # fmt: skip
 
 
-def test_a_data_file_another_model_reads_is_not_replaced(external_model, tmp_path):
+@pytest.mark.parametrize("name", ["p.onnx", "p.bin", "p.ONNX", "p.onnx.bak"])
+def test_a_data_file_another_model_reads_is_not_replaced(external_model, tmp_path, name):
     """A model written beside OUT shares OUT's data file: writing another model to OUT would
-    give it other weights without a word."""
+    give it other weights without a word. A model is known by its bytes, whatever its name."""
     src, _, v = external_model
-    out, beside = tmp_path / "o.onnx", tmp_path / "p.onnx"
+    out, beside = tmp_path / "o.onnx", tmp_path / name
     fuse_file(src, out)
     fuse_file(out, beside, target="decomposed")  # beside OUT: reads o.onnx.data
     assert _locations(beside) == {"o.onnx.data"}
@@ -430,7 +431,7 @@ def test_a_data_file_another_model_reads_is_not_replaced(external_model, tmp_pat
     proj = next(t for t in model.graph.initializer if t.name == "proj")
     proj.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(proj), "proj"))  # other weights
     _save_external(model, other)
-    with pytest.raises(UsageError, match=r"p\.onnx reads too"):
+    with pytest.raises(UsageError, match=rf"{re.escape(name)} reads too"):
         fuse_file(other, out)
     np.testing.assert_array_equal(_run_path(beside, {"x": feeds(v)["x"]}), want)
 

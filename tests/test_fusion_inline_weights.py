@@ -266,3 +266,24 @@ def test_a_field_key_protobuf_refuses_is_refused(tmp_path: Path) -> None:
             assert inline_weights.leave_in_file(path) is None
             with pytest.raises(InvalidModelError, match="not a readable ONNX model"):
                 fuse_file(path, tmp_path / "out.onnx")
+
+
+def test_a_model_file_is_known_by_its_bytes_not_its_name(tmp_path: Path) -> None:
+    """What decides whether a file beside OUT may read OUT's data file: any model, whatever its
+    name; no data file, text file, empty file or FIFO (never opened: it could block)."""
+    model = mlp_stack_model(2, 32, 64)
+    rng = np.random.default_rng(0)
+    files = {
+        "m.bin": model.SerializeToString(),
+        "m.onnx.bak": model.SerializeToString(),
+        "w.data": rng.standard_normal(4096).astype(np.float32).tobytes(),
+        "h.data": rng.standard_normal(4096).astype(np.float16).tobytes(),
+        "zeros.data": bytes(4096),
+        "tokenizer.json": json.dumps({"model": {"vocab": {"a": 1}}}).encode(),
+        "empty.onnx": b"",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    os.mkfifo(tmp_path / "pipe.onnx")
+    found = {p.name for p in tmp_path.iterdir() if inline_weights.is_model_file(p)}
+    assert found == {"m.bin", "m.onnx.bak"}

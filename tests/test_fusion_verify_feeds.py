@@ -236,3 +236,40 @@ def test_a_mismatch_in_a_model_quantizing_activations_says_why(quantizes: bool) 
     with pytest.raises(RMSNormOnnxError, match="differs from the original") as error:
         _compare(original, _FakeSession(want), _FakeSession(want + 0.5), {})
     assert ("quantizes activations as it runs" in str(error.value)) == quantizes
+
+
+def _rank1_norm(dim: str | int) -> onnx.ModelProto:
+    """x [dim] -> x / sqrt(mean(x²) + eps) * w, w of rank 0."""
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "last"], ["ms"], keepdims=1),
+        helper.make_node("Add", ["ms", "eps"], ["mse"]),
+        helper.make_node("Sqrt", ["mse"], ["root"]),
+        helper.make_node("Div", ["x", "root"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+        numpy_helper.from_array(np.array(1.5, np.float32), "w"),
+    ]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes, "rank1", [vi("x", TensorProto.FLOAT, [dim])], [vi("y", TensorProto.FLOAT, [dim])],
+        inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+@pytest.mark.parametrize("dim", [4, "n"])
+def test_verify_checks_the_file_without_the_library_too(monkeypatch, dim, fused_library) -> None:
+    """A rank-1 norm with a 0-d scale: our kernel ran it, onnxruntime refused the file without
+    our library (its optimizer broke the inlined body), and --verify said it matched."""
+    from rmsnorm_onnx import op_functions
+
+    _, report = fuse(_rank1_norm(dim), verify=True)  # the bodies run it now
+    assert report.verified and report.written == {"RMSNorm": 1}
+    # the body as it was: the 0-d scale multiplied as it is
+    monkeypatch.setattr(op_functions, "_scale_of", lambda b, variant, scale: scale)
+    with pytest.raises(RMSNormOnnxError, match="without our library"):
+        fuse(_rank1_norm(dim), verify=True)

@@ -142,6 +142,19 @@ def test_verify_catches_a_wrong_conversion(
     _no_output(tmp_path, "llama-cpu")
 
 
+def test_verify_runs_the_folder_without_our_library_too(
+    tmp_path: Path, genai_dir: Path, monkeypatch: pytest.MonkeyPatch, fused_library: str
+) -> None:
+    """Our kernels right, the bodies wrong (their scale negated): only a run without our
+    library shows it, which a user without it gets."""
+    from rmsnorm_onnx import op_functions
+
+    monkeypatch.setattr(op_functions, "_scale_of", lambda b, variant, scale: b("Neg", scale))
+    with pytest.raises(RMSNormOnnxError, match="without our library"):
+        fuse_folder(genai_dir, tmp_path / "out", verify=True)
+    _no_output(tmp_path, "llama-cpu")
+
+
 def test_an_empty_out_folder_is_filled(tmp_path: Path, genai_dir: Path, fused_library: str) -> None:
     (tmp_path / "out").mkdir()
     fuse_folder(genai_dir, tmp_path / "out", target="contrib")
@@ -153,6 +166,29 @@ def test_an_empty_out_folder_is_filled(tmp_path: Path, genai_dir: Path, fused_li
 
 def _no_output(tmp_path: Path, *keep: str) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(keep)
+
+
+@pytest.mark.parametrize("at_start", ["absent", "empty"])
+def test_an_out_another_run_wrote_meanwhile_is_named_so(
+    tmp_path: Path, genai_dir: Path, monkeypatch, at_start: str
+) -> None:
+    """Two conversions into one OUT: the loser said "OUT: Directory not empty"."""
+    out = tmp_path / "out"
+    if at_start == "empty":
+        out.mkdir()
+    real = genai_folder.fuse_file
+
+    def and_another_run_finishes(*args, **kwargs):
+        out.mkdir(exist_ok=True)
+        (out / "genai_config.json").write_text("theirs")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(genai_folder, "fuse_file", and_another_run_finishes)
+    with pytest.raises(UsageError, match="out: appeared while this run worked"):
+        fuse_folder(genai_dir, out)
+    _no_output(tmp_path, "llama-cpu", "out")  # no temporary folder left
+    assert [p.name for p in out.iterdir()] == ["genai_config.json"]
+    assert (out / "genai_config.json").read_text() == "theirs"
 
 
 def test_out_folder_that_is_not_empty_is_refused(tmp_path: Path, genai_dir: Path) -> None:

@@ -64,6 +64,14 @@ def _commands(block: str) -> list[str]:
     return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
+TEMPLATE = "template:"  # a command whose comment starts so is a template: parsed, never run
+
+
+def _is_template(line: str) -> bool:
+    """Whether the command line says it is a template (``... # template: your function``)."""
+    return line.partition(" # ")[2].strip().startswith(TEMPLATE)
+
+
 def _cli_args(line: str) -> list[str] | None:
     """``rmsnorm-onnx``'s arguments in a shell line (``.venv/bin/`` or ``$`` in front), or None."""
     words = shlex.split(line.removeprefix("$ "), comments=True)
@@ -77,8 +85,11 @@ def _documented(block: str) -> list[str]:
     return [s for s in map(str.strip, block.splitlines()) if s and not VOLATILE.search(s)]
 
 
-def _assert_printed(block: str, done: subprocess.CompletedProcess[str], what: str) -> None:
-    printed = {line.strip() for line in (done.stdout + done.stderr).splitlines()}
+def _assert_printed(
+    block: str, done: subprocess.CompletedProcess[str], what: str, *, stdout_only: bool = False
+) -> None:
+    text = done.stdout if stdout_only else done.stdout + done.stderr
+    printed = {line.strip() for line in text.splitlines()}
     missing = [line for line in _documented(block) if line not in printed]
     assert not missing, f"{what}: the docs show lines it no longer prints: {missing}\n{done.stdout}"
 
@@ -180,6 +191,21 @@ def test_every_documented_command_line_parses_with_todays_options():
     assert used >= set(SUBCOMMANDS) - {"demo"}, used  # the demo is the README's first command
 
 
+def test_commands_that_need_the_readers_own_code_are_marked_templates():
+    """``export --model MODULE:FUNCTION`` runs only with the reader's module: among commands
+    that run as written it must say that it is a template."""
+    from rmsnorm_onnx.cli.main import build_parser
+
+    parser = build_parser()
+    unmarked = [
+        f"{page}: {line}"
+        for page, line in _documented_cli_lines()
+        if ":" in (getattr(parser.parse_args(_cli_args(line)), "model", None) or "")
+        and not _is_template(line)
+    ]
+    assert not unmarked, "\n".join(unmarked)
+
+
 def test_relative_links_and_anchors_of_the_docs_resolve():
     def anchors(text: str) -> set[str]:
         titles = [t for _, _, t in _headings(text)]
@@ -221,17 +247,22 @@ def test_readme_job_examples_run(tmp_path):
     lines = [c for block in _fences(jobs, "bash") for c in _commands(block)]
     runnable = [
         args
-        for args in map(_cli_args, lines)
+        for args in map(_cli_args, [line for line in lines if not _is_template(line)])
         if args and args[0] in ("fuse", "run") and "cuda" not in args
     ]
     assert [a[0] for a in runnable].count("fuse") >= 4 and "run" in [a[0] for a in runnable]
-    shown = re.search(r"It prints what it did[^\n]*\n\n((?:    .+\n)+)", jobs)
+    shown = re.search(
+        r"It prints what it did on stdout.*?\n\n((?:    [^\n]+\n)+)", jobs, flags=re.S
+    )
     assert shown, "README lost the sample fuse report"
+    on_stderr = re.search(r"then `([^`]+)` on\s+stderr", jobs)
+    assert on_stderr, "README no longer says what the fuse line prints on stderr"
     folder = _with_models(tmp_path)
     for i, args in enumerate(runnable):
         done = _run_ok(args, folder)
-        if i == 0:
-            _assert_printed(shown.group(1), done, shlex.join(args))
+        if i == 0:  # the report on stdout (what `> report.txt` keeps), the note on stderr
+            _assert_printed(shown.group(1), done, shlex.join(args), stdout_only=True)
+            assert on_stderr.group(1) in done.stderr.splitlines(), done.stderr
 
 
 # --- the Python example -------------------------------------------------------------------------

@@ -317,12 +317,31 @@ def test_bad_options_are_usage_errors(kwargs: dict, message: str) -> None:
         export(RMSNorm(8), torch.randn(2, 8), **kwargs)
 
 
-def test_foreign_rmsnorm_layers_are_reported_before_export() -> None:
+def _patch_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if "rmsnorm_onnx.patch" in str(w.message)]
+
+
+def test_foreign_rmsnorm_layers_the_fusion_step_fuses_are_not_said_to_stay_plain() -> None:
+    """torch's own norm traces as plain ops, which export's fusion step recognizes: the warning
+    that it exports as plain ops was false."""
     model = nn.Sequential(nn.Linear(8, 8), nn.RMSNorm(8))
-    with pytest.warns(UserWarning, match=r"RMSNorm x1\) .* call rmsnorm_onnx.patch"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         onnx_model = export(model, torch.randn(2, 3, 8), rmsnorm="fused")
-    # torch's own norm traces as plain ops, which export's fusion step recognizes
     assert op_histogram(onnx_model)[FUSED] == 1
+    assert _patch_warnings(caught) == []
+
+
+@pytest.mark.parametrize("mode", ["fused", "standard"])
+def test_foreign_rmsnorm_layers_left_as_torch_writes_them_are_reported(mode: str) -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.RMSNorm(8), nn.Linear(8, 8), nn.RMSNorm(8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        onnx_model = export(model, torch.randn(2, 3, 8), rmsnorm=mode, fusion=False)
+    [said] = _patch_warnings(caught)
+    assert "(RMSNorm x2)" in said
+    if mode == "fused":  # no fusion step: both stay plain ops
+        assert "2 of them were not fused" in said and FUSED not in op_histogram(onnx_model)
 
 
 def test_foreign_rmsnorm_at_opset_23_is_fused_too() -> None:
@@ -330,8 +349,10 @@ def test_foreign_rmsnorm_at_opset_23_is_fused_too() -> None:
     nodes, and the export's fusion step once kept the file without ours."""
     model = nn.Sequential(nn.Linear(8, 8), nn.RMSNorm(8, eps=1e-5)).eval()
     x = torch.randn(2, 3, 8)
-    with pytest.warns(UserWarning, match="rmsnorm_onnx.patch"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         onnx_model = export(model, x, rmsnorm="fused", opset=23)
+    assert _patch_warnings(caught) == []  # fused: not "as torch writes them"
     assert op_histogram(onnx_model)[FUSED] == 1
     assert "RMSNormalization" not in op_histogram(onnx_model)
     sess = runtime.session(onnx_model.SerializeToString())

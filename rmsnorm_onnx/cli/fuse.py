@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"input": args.input, "output": str(written), **report.to_dict()}))
     else:
-        print(report.summary(verbose=bool(getattr(args, "verbose", 0))))
-        console.note(f"wrote {written}")
+        verbose = bool(getattr(args, "verbose", 0))
+        print(report.summary(verbose=verbose, notes=not console.quiet()))
+        console.note(f"wrote {written}")  # not the report: stderr, as every note
     return 0

@@ -155,7 +155,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     from ..errors import RMSNormOnnxError
 
     try:
-        code = args.func(args)
+        with contextlib.redirect_stdout(console.PrintableStream(sys.stdout)):
+            code = args.func(args)
         sys.stdout.flush()
         return 0 if code is None else int(code)
     except RMSNormOnnxError as e:
@@ -185,7 +186,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _report(message: str, *, hint: bool = False) -> None:
     if console.verbose():
-        traceback.print_exc()
+        print(console.printable(traceback.format_exc()), end="", file=sys.stderr)
     line = console.error_line(message)
     if hint and not console.verbose():
         line += " (run with -v for the traceback)"

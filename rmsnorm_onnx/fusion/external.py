@@ -172,14 +172,33 @@ def write(
     return placed
 
 
-def _locations(path: Path) -> set[str]:
-    """The data files the model at ``path`` names (normalized), read without its weights; none
-    where it is not a model that can be read."""
-    try:
-        proto = inline_weights.read(path).proto
-        return {os.path.normpath(loc) for loc in external_files(proto, where=path)}
-    except Exception:  # not a model, or a broken one: it reads nothing
+def data_files_read(path: Path) -> set[str]:
+    """The data files the model file at ``path`` names (locations, normalized), read without its
+    weights. A model is known by its bytes, not its name (onnxruntime loads ``m.bin`` or
+    ``m.onnx.bak`` alike); a file that is not one (a data file, a tokenizer) reads nothing.
+    Every location named counts, even beside a malformed reference."""
+    if not inline_weights.is_model_file(path):
         return set()
+    try:
+        found = inline_weights.read(path)
+    except Exception:  # protobuf's own and kin: a broken model, which nothing can load
+        return set()
+    return {
+        os.path.normpath(entry.value)
+        for tensor in onnx_io.all_tensors(found.proto)
+        if external_data_helper.uses_external_data(tensor) and found.range_of(tensor) is None
+        for entry in tensor.external_data
+        if entry.key == "location" and entry.value
+    }
+
+
+def _files_beside(path: Path) -> list[Path]:
+    """The regular files in ``path``'s folder but ``path`` itself."""
+    try:
+        entries = sorted(os.scandir(path.parent), key=lambda e: e.name)
+    except OSError:
+        return []
+    return [Path(e.path) for e in entries if e.is_file() and not onnx_io.same_file(e.path, path)]
 
 
 def _check_replaced_data(dst: Path, names: list[str]) -> None:
@@ -190,15 +209,16 @@ def _check_replaced_data(dst: Path, names: list[str]) -> None:
     existing = {name for name in names if (dst.parent / name).exists()}
     if not existing:
         return
-    own = _locations(dst) if dst.is_file() else set()
+    own = data_files_read(dst) if dst.is_file() else set()
     if foreign := sorted(existing - own):
         raise UsageError(
             f"{dst}: its weights would replace {dst.parent / foreign[0]}, which is not the data "
             f"file of {dst.name}; refusing to overwrite it (remove it, or choose another OUT)"
         )
-    for other in sorted(dst.parent.glob("*.onnx")):
-        shared = sorted(existing & _locations(other)) if not onnx_io.same_file(other, dst) else []
-        if shared:
+    for other in _files_beside(dst):  # every file: a model need not be named .onnx
+        if other.name in existing:
+            continue  # a data file to replace
+        if shared := sorted(existing & data_files_read(other)):
             raise UsageError(
                 f"{dst}: its weights would replace {dst.parent / shared[0]}, which {other} "
                 "reads too (written beside it, it shares that file); refusing to overwrite it "

@@ -17,6 +17,7 @@ data_location 14. Fields may come in any order; a message is the concatenation o
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -193,6 +194,35 @@ def _graph(buf: _File, start: int, end: int, location: str, ranges: set) -> byte
                 continue
         out += buf[f_start:f_end]
     return bytes(out)
+
+
+def is_model_file(path: str | os.PathLike[str]) -> bool:
+    """Whether the file at ``path`` is, by its bytes, a model: a protobuf message whose top-level
+    fields run to its end with one graph among them, whatever its name. Only the fields' keys
+    and lengths are read (a data file of weights fails within its first bytes: a key of field 0,
+    or a group's wire type)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO is never opened: it could block
+            return False
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return False
+        buf = _File(fd, st.st_size)
+        graphs = 0
+        for field, start, _, _ in _fields(buf, 0, st.st_size):
+            if field == _MODEL_GRAPH:
+                if buf[start] & 7 != _LENGTH_DELIMITED:
+                    return False
+                graphs += 1
+        return graphs == 1
+    except (OSError, _Malformed):
+        return False
+    finally:
+        os.close(fd)
 
 
 def read(path: str | os.PathLike[str]) -> WeightsInFile:

@@ -110,7 +110,8 @@ class FuseReport:
         ]
         return f"converted {_norms(total)} ({where}): " + ", ".join(parts)
 
-    def summary(self, *, verbose: bool = False) -> str:
+    def summary(self, *, verbose: bool = False, notes: bool = True) -> str:
+        """The report for people; ``notes=False`` (``-q``) leaves out the notes."""
         lines = [self.headline()]
         plain_kept, already_kept = self.residual_kept
         if self.fused_count:
@@ -128,7 +129,7 @@ class FuseReport:
         lines += _counted(self.skipped_by_reason)
         if verbose:
             lines += [f"    {s.node} ({s.graph}): {s.reason}" for s in self.skipped]
-        lines += [f"note: {note}" for note in self.notes]
+        lines += [f"note: {note}" for note in self.notes] if notes else []
         if self.verified:
             lines.append("verified: fused and original outputs match in onnxruntime (CPU)")
         return "\n".join(lines)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .. import onnx_io, op_schema
+from .. import onnx_io, op_functions, op_schema
 from ..compare import compare_arrays
 from ..errors import RMSNormOnnxError
 from ..reference import tolerance
@@ -53,8 +53,9 @@ def _data_folder(model: onnx.ModelProto, base_dir: Path) -> tuple[onnx.ModelProt
     return moved, Path(folder)
 
 
-def _session(model: onnx.ModelProto, base_dir: Path | None) -> Any:
-    """An ORT session on the model's bytes; external data is read from ``base_dir`` by ORT."""
+def _session(model: onnx.ModelProto, base_dir: Path | None, *, library: bool = True) -> Any:
+    """An ORT session on the model's bytes; external data is read from ``base_dir`` by ORT. Our
+    library is registered where the model imports our domain, unless ``library`` is False."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -63,7 +64,7 @@ def _session(model: onnx.ModelProto, base_dir: Path | None) -> Any:
         model, folder = _data_folder(model, base_dir)
         options.add_session_config_entry(_EXTERNAL_FOLDER, str(folder))
     data = onnx_io.serialize(model)  # the caller's model (fuse's input) is left as it was
-    if any(o.domain == op_schema.DOMAIN for o in model.opset_import):
+    if library and any(o.domain == op_schema.DOMAIN for o in model.opset_import):
         from ..runtime import session
 
         return session(data, options=options)
@@ -186,7 +187,36 @@ def verify(original: onnx.ModelProto, fused: onnx.ModelProto, base_dir: Path | N
     """Raise RMSNormOnnxError unless every output of ``fused`` matches ``original``."""
     ref_sess = _loaded(original, base_dir, "the original")
     new_sess = _loaded(fused, base_dir, "the fused model")
-    _compare(original, ref_sess, new_sess, genai_dims(base_dir, new_sess))
+    known = genai_dims(base_dir, new_sess)
+    _compare(original, ref_sess, new_sess, known)
+    _compare_without_library(original, fused, base_dir, ref_sess, known)
+
+
+_NO_LIBRARY = "without our library (onnxruntime running the function bodies the file carries)"
+
+
+def _compare_without_library(
+    original: onnx.ModelProto,
+    fused: onnx.ModelProto,
+    base_dir: Path | None,
+    ref_sess: Any,
+    known: Mapping[str, int],
+) -> None:
+    """A fused file that carries our ops' bodies must also load and match where our library is
+    not registered: that is what the bodies promise, and onnxruntime's own optimizer can refuse
+    an inlined body that our kernel never shows (a 1-D norm with a 0-d scale did)."""
+    if not op_functions.our_nodes(fused) or not op_functions.has_bodies(fused):
+        return
+    try:
+        plain = _session(fused, base_dir, library=False)
+    except Exception as e:  # onnxruntime's own
+        raise RMSNormOnnxError(
+            f"verify: onnxruntime cannot load the fused model {_NO_LIBRARY}: {e}"
+        ) from None
+    try:
+        _compare(original, ref_sess, plain, known)
+    except RMSNormOnnxError as e:
+        raise RMSNormOnnxError(f"{e} [{_NO_LIBRARY}]") from None
 
 
 def _loaded(model: onnx.ModelProto, base_dir: Path | None, which: str) -> Any:
