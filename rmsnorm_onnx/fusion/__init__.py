@@ -30,6 +30,7 @@ from . import (
     opset,
     preserve,
     raising,
+    residual_stream,
     targets,
     types,
     wellformed,
@@ -139,6 +140,7 @@ def fuse(
     function_bodies: bool = True,
     *,
     for_runtime: str | None = None,
+    residual_dtype: str | None = None,
 ) -> tuple[onnx.ModelProto, FuseReport]:
     """Fuse every RMSNorm (decomposed, another tool's op, ours; the residual Add in front of it
     too) into ``target``'s form; returns the new model (input untouched) and a report.
@@ -152,8 +154,12 @@ def fuse(
     ``function_bodies``: where the result holds our ops, it carries their definition as
     model-local functions (:mod:`rmsnorm_onnx.op_functions`), so that it also runs without our
     library; bodies the input carried are always dropped first.
+    ``residual_dtype="float32"``: a half model's residual stream is carried in float32 from the
+    first residual to the last norm (:mod:`rmsnorm_onnx.fusion.residual_stream`); outputs keep
+    their types. None (default): the stream keeps the model's type, as the file says.
     """
     tgt = targets.get(target, for_runtime=for_runtime)
+    residual_dtype = residual_stream.check(residual_dtype)
     proto, base_dir = _read(model_or_path)
     _check_opset(proto)
     where = str(model_or_path) if base_dir is not None else "model"
@@ -184,7 +190,8 @@ def fuse(
         plain_target=tgt.op_type is None,
     )
     raising.canonicalize(model, report, proto, base_dir)
-
+    if residual_dtype is not None:
+        residual_stream.carry(model, tgt.float32_skip, report)
     lower(model, tgt, report)  # every canonical node, raised here or already in the file
     preserve.restore(model, declared)
     try:
@@ -215,6 +222,7 @@ def fuse_file(
     weights: str = "auto",
     function_bodies: bool = True,
     for_runtime: str | None = None,
+    residual_dtype: str | None = None,
 ) -> FuseReport:
     """Fuse ``src`` into ``dst``, written atomically.
 
@@ -222,7 +230,7 @@ def fuse_file(
     (copy-on-write filesystems) or copied next to ``dst`` (``weights="auto"``), always copied
     (``"copy"``) or hard-linked (``"link"``). Refuses to overwrite ``src`` unless ``in_place``;
     ``dst=None`` with ``in_place`` rewrites ``src``'s graph (its weights are never rewritten).
-    ``target``, ``for_runtime`` and ``function_bodies`` as in :func:`fuse`.
+    ``target``, ``for_runtime``, ``function_bodies`` and ``residual_dtype`` as in :func:`fuse`.
     """
     src_path = Path(src)
     if dst is None:
@@ -246,6 +254,7 @@ def fuse_file(
         verify=verify,
         function_bodies=function_bodies,
         for_runtime=for_runtime,
+        residual_dtype=residual_dtype,
     )
     placed = external.write(model, src_path.parent, dst_path, weights=weights, split=source)
     for path, how in sorted(placed.items()):
