@@ -191,7 +191,7 @@ def fuse(
     )
     raising.canonicalize(model, report, proto, base_dir)
     if residual_dtype is not None:
-        residual_stream.carry(model, tgt.float32_skip, report)
+        declared.forget(residual_stream.carry(model, tgt.float32_skip, report))
     lower(model, tgt, report)  # every canonical node, raised here or already in the file
     preserve.restore(model, declared)
     try:

@@ -37,6 +37,9 @@ class FuseReport:
     notes: list[str] = dataclasses.field(default_factory=list)  # partial fusions, opset changes
     verified: bool | None = None  # None: not asked; True: outputs matched in onnxruntime
     plain_target: bool = False  # the target writes plain ops (no op of its own to fall back from)
+    # the residual stream's type where it was carried apart from the model's (fuse's
+    # residual_dtype; None: as the model has it)
+    residual_dtype: str | None = None
 
     @property
     def fused_count(self) -> int:
@@ -81,6 +84,7 @@ class FuseReport:
             "skipped_nodes": [dataclasses.asdict(s) for s in self.skipped],
             "notes": list(self.notes),
             "verified": self.verified,
+            "residual_dtype": self.residual_dtype,
         }
 
     @property

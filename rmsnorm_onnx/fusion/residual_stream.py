@@ -129,7 +129,9 @@ def _find(container: ir.Graph | ir.Function) -> _Stream:
         if _half_skip_norm(node):
             ins = [node.inputs[0] in stream.values, node.inputs[1] in stream.values]
             if node.inputs[1].dtype == _FLOAT:
-                operand = 1  # carried already
+                operand = 1  # carried already: S is float32 (the op's contract)
+                for s in node.outputs[1:]:
+                    s.dtype = _FLOAT
             elif ins[1] or ins[0]:
                 operand = 1 if ins[1] else 0
                 stream.both += all(ins)
@@ -154,6 +156,7 @@ class _Rewriter:
         self.graph = stream.container
         self.wide: dict[ir.Value, ir.Value] = {}  # half value -> its float32 Cast
         self.counts: Counter[str] = Counter()
+        self.retyped: list[ir.Value] = []
         self.names = {v.name for n in self.graph for v in n.outputs if v.name}
         self.names |= {v.name for v in self.graph.inputs if v.name}
 
@@ -182,6 +185,7 @@ class _Rewriter:
         others = [(u.node, u.idx) for u in value.uses() if (u.node, u.idx) not in reads]
         output = value.is_graph_output()
         value.dtype = _FLOAT
+        self.retyped.append(value)
         if not others and not output:
             return
         back = self.cast(value, half_type)
@@ -225,11 +229,13 @@ class _Rewriter:
             self.counts["ends"] += 1
 
 
-def carry(model: ir.Model, float32_skip: bool, report: FuseReport) -> None:
+def carry(model: ir.Model, float32_skip: bool, report: FuseReport) -> list[ir.Value]:
     """Carry every half residual stream of ``model`` (canonical form, in place) in float32; where
     the target's op takes no float32 skip (``float32_skip`` false), write each norm apart.
-    The report's notes say what was done, or that nothing was (no half stream)."""
+    The report's notes say what was done, or that nothing was (no half stream). Returns the
+    values made float32 (what the input declared of them no longer holds)."""
     counts: Counter[str] = Counter()
+    retyped: list[ir.Value] = []
     both = 0
     for container in containers(model):
         container.sort()
@@ -238,6 +244,7 @@ def carry(model: ir.Model, float32_skip: bool, report: FuseReport) -> None:
             continue
         rewriter = _Rewriter(stream)
         rewriter.run()
+        retyped += rewriter.retyped
         both += stream.both
         counts += rewriter.counts
         container.sort()
@@ -246,7 +253,8 @@ def carry(model: ir.Model, float32_skip: bool, report: FuseReport) -> None:
             "residual dtype float32: the model has no half residual stream (no SkipRMSNorm on "
             "float16 or bfloat16): nothing changed"
         )
-        return
+        return retyped
+    report.residual_dtype = "float32"
     report.notes.append(
         f"residual stream in float32: {counts['norms']} SkipRMSNorm read a float32 skip and "
         f"write a float32 S, {counts['adds']} residual Add(s) no norm absorbed computed in "
@@ -266,6 +274,7 @@ def carry(model: ir.Model, float32_skip: bool, report: FuseReport) -> None:
             f"{split} SkipRMSNorm written as Cast + Add in float32, the norm in float32, and a "
             "Cast of Y back to half"
         )
+    return retyped
 
 
 def _carried(model: ir.Model) -> Iterable[ir.Node]:
