@@ -106,7 +106,7 @@ def ids() -> torch.Tensor:
 
 def stream_peak(family: str) -> float:
     """The largest magnitude the float32 model's residual stream reaches on ``ids()``."""
-    module, model = build(family)
+    _, model = build(family)
     with torch.no_grad():
         if family == "gemma3":
             hidden = model(input_ids=ids(), use_cache=False, output_hidden_states=True)

@@ -173,7 +173,7 @@ def test_float32_model_is_left_as_a_plain_fuse() -> None:
 def test_carried_file_fused_again_is_carried_as_it_was() -> None:
     """A float32 stream already there (our op with a float32 skip) is not cast again."""
     once, _ = fuse(_stream_model(), residual_dtype="float32", function_bodies=False)
-    twice, report = fuse(once, residual_dtype="float32", function_bodies=False)
+    twice, _ = fuse(once, residual_dtype="float32", function_bodies=False)
     casts = [n for n in twice.graph.node if n.op_type == "Cast"]
     assert len(casts) <= len([n for n in once.graph.node if n.op_type == "Cast"])
     assert not any(getattr(_producer(twice, c.input[0]), "op_type", "") == "Cast" for c in casts)

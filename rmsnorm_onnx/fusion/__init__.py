@@ -26,6 +26,7 @@ from ..errors import InvalidModelError, UsageError
 from . import (
     external,
     functions,
+    headroom,
     inline_weights,
     opset,
     preserve,
@@ -190,6 +191,7 @@ def fuse(
         plain_target=tgt.op_type is None,
     )
     raising.canonicalize(model, report, proto, base_dir)
+    report.norm_inputs = headroom.norm_inputs(model)  # the file's names, before any change
     if residual_dtype is not None:
         declared.forget(residual_stream.carry(model, tgt.float32_skip, report))
     lower(model, tgt, report)  # every canonical node, raised here or already in the file
@@ -207,8 +209,11 @@ def fuse(
     if verify and report.converted:
         from .verify import verify as check
 
-        check(proto, fused, base_dir)
+        room = check(proto, fused, base_dir, report.norm_inputs)
         report.verified = True
+        if room is not None:
+            report.notes += room.notes(carried=report.residual_dtype is not None)
+            report.headroom = [reading.to_dict() for reading in room.readings]
     return fused, report
 
 
