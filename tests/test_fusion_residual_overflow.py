@@ -137,3 +137,33 @@ def test_float32_stream_is_at_least_as_close_where_nothing_overflows(
     plain = _rms_error(_fused(fp16, target, None), reference, library=True)
     carried = _rms_error(_fused(fp16, target, "float32"), reference, library=True)
     assert carried <= plain, (carried, plain)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_verify_refuses_a_plain_fuse_that_overflows_and_names_the_cure(
+    exported, family: str, fused_library: str
+) -> None:
+    from rmsnorm_onnx.errors import RMSNormOnnxError
+    from rmsnorm_onnx.fusion import fuse
+
+    with pytest.raises(RMSNormOnnxError) as failed:
+        fuse(exported(family, "fp16"), verify=True)
+    message = str(failed.value)
+    assert "onnxruntime ran the original finite" in message
+    assert "is the first to read past it" in message and "65504" in message
+    assert "--residual-dtype float32" in message
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_verify_reports_the_headroom_of_a_float32_stream(exported, family: str) -> None:
+    from rmsnorm_onnx.fusion import fuse
+
+    _, report = fuse(
+        exported(family, "fp16"), target="decomposed", residual_dtype="float32", verify=True
+    )
+    assert report.verified
+    peaks = [h["peak"] for h in report.headroom]
+    assert peaks and max(peaks) > overflow_models.FLOAT16_MAX
+    assert {h["dtype"] for h in report.headroom} == {"float16"}  # the original's
+    [note] = [n for n in report.notes if "headroom: a norm input passes" in n]
+    assert "the fused file carries the stream in float32" in note
