@@ -128,11 +128,24 @@ def test_stream_is_float32_from_the_first_residual_to_the_last_norm() -> None:
     assert len([n for n in casts if n.attribute[0].i == TensorProto.FLOAT16]) == 3  # h1 h3 y3
 
 
-@pytest.mark.parametrize("target", ["decomposed", "standard", "contrib"])
-def test_float32_stream_computes_the_sum_unrounded(target: str) -> None:
+@pytest.mark.parametrize(
+    "target, library",
+    [
+        ("custom", True),
+        ("custom", False),
+        ("decomposed", False),
+        ("standard", False),
+        ("contrib", False),
+    ],
+    ids=["custom-library", "custom-bodies", "decomposed", "standard", "contrib"],
+)
+def test_float32_stream_computes_the_sum_unrounded(target: str, library: bool) -> None:
     """Where the half stream overflows (h3 passes 65504: the plain file gives inf), the float32
-    one is the float64 stream within float16's tolerance."""
+    one is the float64 stream within float16's tolerance: our op with a float32 skip (kernel or
+    body), or each norm written apart for the other targets."""
     import onnxruntime as ort
+
+    from rmsnorm_onnx.runtime import session
 
     feeds = _feeds()
     want = _float32_stream(feeds["h0"])
@@ -140,15 +153,21 @@ def test_float32_stream_computes_the_sum_unrounded(target: str) -> None:
     assert np.abs(want["h1"]).max() < 65504  # an output that fits is kept exactly
     fused, report = fuse(_stream_model(), target=target, residual_dtype="float32")
     if target != "contrib":  # onnx's checker knows no onnxruntime op
+        op_schema.register()
         onnx.checker.check_model(fused, full_check=True)
-    sess = ort.InferenceSession(fused.SerializeToString(), providers=["CPUExecutionProvider"])
+    data = fused.SerializeToString()
+    if library:
+        sess = session(data)
+    else:
+        sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
     rtol, atol = tolerance("float16")
     np.testing.assert_allclose(got["y3"].astype(np.float64), want["y3"], rtol=rtol, atol=atol)
     np.testing.assert_allclose(got["h1"].astype(np.float64), want["h1"], rtol=rtol)
     np.testing.assert_allclose(got["neg_h1"].astype(np.float64), want["neg_h1"], rtol=rtol)
     assert got["h3"].dtype == np.float16  # declared half: its overflow is the file's own
-    assert any("written as Cast + Add in float32" in n for n in report.notes), report.notes
+    apart = any("written as Cast + Add in float32" in n for n in report.notes)
+    assert apart == (target != "custom"), report.notes
 
 
 def test_plain_fuse_rounds_the_stream_to_half(fused_library: str) -> None:
