@@ -255,13 +255,7 @@ def carry(model: ir.Model, float32_skip: bool, report: FuseReport) -> list[ir.Va
         )
         return retyped
     report.residual_dtype = "float32"
-    report.notes.append(
-        f"residual stream in float32: {counts['norms']} SkipRMSNorm read a float32 skip and "
-        f"write a float32 S, {counts['adds']} residual Add(s) no norm absorbed computed in "
-        f"float32, {counts['ends']} RMSNorm on it in float32, {counts['casts in']} Cast(s) to "
-        "float32 where it starts, "
-        f"{counts['casts back']} Cast(s) back to half where other nodes or outputs read it"
-    )
+    report.notes.append(f"residual stream in float32: {_what(counts)}")
     if both:
         report.notes.append(
             f"residual stream in float32: {both} SkipRMSNorm have both operands in the stream; "
@@ -275,6 +269,19 @@ def carry(model: ir.Model, float32_skip: bool, report: FuseReport) -> list[ir.Va
             "Cast of Y back to half"
         )
     return retyped
+
+
+def _what(counts: Counter[str]) -> str:
+    """ "6 SkipRMSNorm read a float32 skip and write a float32 S, 1 Cast to float32 where it
+    starts" (the parts that happened)."""
+    parts = [
+        ("norms", "SkipRMSNorm read a float32 skip and write a float32 S"),
+        ("adds", "residual Add(s) no norm absorbed computed in float32"),
+        ("ends", "RMSNorm(s) read it in float32 (the residual Add in front not absorbed)"),
+        ("casts in", "Cast(s) to float32 where it starts"),
+        ("casts back", "Cast(s) back to half where other nodes or outputs read it"),
+    ]
+    return ", ".join(f"{counts[key]} {text}" for key, text in parts if counts[key])
 
 
 def _carried(model: ir.Model) -> Iterable[ir.Node]:
