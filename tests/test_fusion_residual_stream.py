@@ -18,7 +18,6 @@ from rmsnorm_onnx.reference import rms_norm, tolerance
 
 H = 16
 EPS = 1e-6
-HALF = {"fp16": (np.float16, TensorProto.FLOAT16)}
 BRANCH = 12000.0  # each branch adds up to ~4e4: h1 fits in float16, h2 and h3 do not
 SPREAD = 8000.0  # of h0
 
@@ -97,8 +96,13 @@ def _producer(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
     return next((n for n in model.graph.node if name in n.output), None)
 
 
-def test_stream_is_float32_from_the_first_residual_to_the_last_norm() -> None:
-    original = _stream_model()
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_stream_is_float32_from_the_first_residual_to_the_last_norm(half: str) -> None:
+    import ml_dtypes
+
+    dtype = np.dtype(ml_dtypes.bfloat16) if half == "bfloat16" else np.dtype(np.float16)
+    elem = TensorProto.BFLOAT16 if half == "bfloat16" else TensorProto.FLOAT16
+    original = _stream_model(dtype, elem)
     fused, report = fuse(original, residual_dtype="float32", function_bodies=False)
     assert report.residual_dtype == "float32"
     skips = [n for n in fused.graph.node if n.op_type == op_schema.SKIP_OP_TYPE]
@@ -122,10 +126,10 @@ def test_stream_is_float32_from_the_first_residual_to_the_last_norm() -> None:
     ]
     for name in ("h1", "h3", "y3"):
         node = _producer(fused, name)
-        assert node.op_type == "Cast" and node.attribute[0].i == TensorProto.FLOAT16, name
+        assert node.op_type == "Cast" and node.attribute[0].i == elem, name
     neg = next(n for n in fused.graph.node if n.op_type == "Neg")
     assert _producer(fused, neg.input[0]).op_type == "Cast"  # a half reader gets half
-    assert len([n for n in casts if n.attribute[0].i == TensorProto.FLOAT16]) == 3  # h1 h3 y3
+    assert len([n for n in casts if n.attribute[0].i == elem]) == 3  # h1 h3 y3
 
 
 @pytest.mark.parametrize(
