@@ -132,7 +132,7 @@ def _find(container: ir.Graph | ir.Function) -> _Stream:
                 operand = 1  # carried already: S is float32 (the op's contract)
                 for s in node.outputs[1:]:
                     s.dtype = _FLOAT
-            elif ins[1] or ins[0]:
+            elif any(ins):
                 operand = 1 if ins[1] else 0
                 stream.both += all(ins)
             else:
@@ -167,13 +167,14 @@ class _Rewriter:
         self.graph.append(node)
         return out
 
-    def to_float(self, value: ir.Value) -> ir.Value:
-        """The float32 value for a read: the stream's own, else a Cast made once."""
+    def to_float(self, value: ir.Value, what: str = "casts met") -> ir.Value:
+        """The float32 value for a read: the stream's own, else a Cast made once (counted as
+        ``what``)."""
         if value in self.stream.values or value.dtype == _FLOAT:
             return value
         if value not in self.wide:
             self.wide[value] = self.cast(value, _FLOAT)
-            self.counts["casts in"] += 1
+            self.counts[what] += 1
         return self.wide[value]
 
     def widen(self, value: ir.Value, reads: set[tuple[ir.Node, int]]) -> None:
@@ -215,7 +216,7 @@ class _Rewriter:
             # a branch in the stream too was given its half cast-back by widen
             residual, branch = node.inputs[operand], node.inputs[1 - operand]
             node.replace_input_with(0, branch)
-            node.replace_input_with(1, self.to_float(residual))
+            node.replace_input_with(1, self.to_float(residual, "casts in"))
             self.counts["norms"] += 1
         for add in self.stream.adds:
             for i, value in enumerate(list(add.inputs)):
@@ -279,6 +280,7 @@ def _what(counts: Counter[str]) -> str:
         ("adds", "residual Add(s) no norm absorbed computed in float32"),
         ("ends", "RMSNorm(s) read it in float32 (the residual Add in front not absorbed)"),
         ("casts in", "Cast(s) to float32 where it starts"),
+        ("casts met", "Cast(s) to float32 of what it meets (an Add's branch, a norm's scale)"),
         ("casts back", "Cast(s) back to half where other nodes or outputs read it"),
     ]
     return ", ".join(f"{counts[key]} {text}" for key, text in parts if counts[key])
