@@ -167,3 +167,39 @@ def test_verify_reports_the_headroom_of_a_float32_stream(exported, family: str) 
     assert {h["dtype"] for h in report.headroom} == {"float16"}  # the original's
     [note] = [n for n in report.notes if "headroom: a norm input passes" in n]
     assert "the fused file carries the stream in float32" in note
+
+
+def _recipe_section() -> str:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text()
+    start = text.index("## Half models whose residual stream passes 65504")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else len(text)]
+
+
+def test_recipe_runs_as_shown(tmp_path: Path, monkeypatch, capsys, fused_library: str) -> None:
+    """docs/recipes.md's script makes the model; the plain fuse is refused naming the cure, the
+    float32 stream verifies, and run --headroom names the first norm input past 65504."""
+    import re
+    import subprocess
+    import sys
+
+    from rmsnorm_onnx.cli.main import main
+
+    section = _recipe_section()
+    [script] = re.findall(r"```python\n(.*?)```", section, re.S)
+    (tmp_path / "gemma_fp16.py").write_text(script)
+    subprocess.run([sys.executable, "gemma_fp16.py"], cwd=tmp_path, check=True, timeout=300)
+    commands = re.findall(r"^\.venv/bin/rmsnorm-onnx (.*)$", section, re.M)
+    assert [c.split()[0] for c in commands] == ["fuse", "fuse", "run"]
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(commands[0].split()) == 1
+    refused = " ".join(capsys.readouterr().err.split())
+    assert "norm 17 of 19 is the first to read past it, 'add_47' up to 7.646e+04" in refused
+    assert "fuse with --residual-dtype float32" in refused
+    assert main(commands[1].split()) == 0
+    carried = capsys.readouterr().out
+    assert "6 SkipRMSNorm read a float32 skip and write a float32 S" in carried
+    assert "verified: fused and original outputs match" in carried
+    assert main(commands[2].split()) == 0
+    assert "overflow  norm 11 of 19 is the first to read past it" in capsys.readouterr().out
