@@ -298,10 +298,11 @@ def fuse_folder(
     verify: bool = False,
     weights: str = "auto",
     function_bodies: bool = True,
+    residual_dtype: str | None = None,
 ) -> FuseReport:
     """Write ``dst`` as ``src`` (an onnxruntime-genai model folder) with its model converted.
 
-    ``target``, ``weights`` and ``function_bodies`` are those of
+    ``target``, ``weights``, ``function_bodies`` and ``residual_dtype`` are those of
     :func:`rmsnorm_onnx.fusion.fuse_file`; ``verify`` runs
     both decoders in onnxruntime on a random prompt with an empty cache (inputs shaped from
     genai_config.json) and fails unless every output matches.
@@ -329,7 +330,12 @@ def fuse_folder(
         carried = _carry_over(src_dir, tmp, plan)
         out_model = tmp / rel
         report = fuse_file(
-            model, out_model, target=target, weights=weights, function_bodies=function_bodies
+            model,
+            out_model,
+            target=target,
+            weights=weights,
+            function_bodies=function_bodies,
+            residual_dtype=residual_dtype,
         )
         report.notes.append(f"carried over {carried} other file(s) of {src_dir}")
         if _uses_our_ops(out_model):

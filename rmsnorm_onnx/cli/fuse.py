@@ -20,6 +20,7 @@ examples:
   rmsnorm-onnx fuse fused.onnx plain.onnx --target decomposed # back to plain ONNX ops
   rmsnorm-onnx fuse big.onnx out/big.onnx --verify --json     # check in ORT, report as JSON
   rmsnorm-onnx fuse model.onnx --in-place                     # rewrite the graph of model.onnx
+  rmsnorm-onnx fuse fp16.onnx out.onnx --residual-dtype float32 # fp16 stream that passes 65504
   rmsnorm-onnx fuse llama-genai/ llama-genai-fused/           # onnxruntime-genai model folder
 
 Weights in external data files are never loaded or rewritten. OUT beside IN shares IN's data
@@ -89,6 +90,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="run original and fused model in onnxruntime (CPU) on random inputs; fail on a "
         "mismatch",
     )
+    p.add_argument(
+        "--residual-dtype",
+        type=_residual_dtype,
+        metavar="float32",
+        help="a float16/bfloat16 model: carry its residual stream in float32 from the first "
+        "residual to the last norm (SkipRMSNorm reads and writes it in float32; outputs keep "
+        "their types): the cure where the stream passes float16's 65504 (Gemma, T5)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
         "--no-function-bodies",
@@ -120,6 +129,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _residual_dtype(text: str) -> str:
+    if text != "float32":
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: only float32 (a half model's residual stream carried in float32; "
+            "without the option the stream keeps the model's own type)"
+        )
+    return text
+
+
 def _output(args: argparse.Namespace) -> Path | None:
     if args.output and args.output_opt and args.output != args.output_opt:
         raise UsageError("OUT given twice (positional and -o) with different paths")
@@ -149,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
             verify=args.verify,
             weights=args.weights,
             function_bodies=args.function_bodies,
+            residual_dtype=args.residual_dtype,
         )
     else:
         report = fuse_file(
@@ -159,6 +178,13 @@ def run(args: argparse.Namespace) -> int:
             in_place=args.in_place,
             weights=args.weights,
             function_bodies=args.function_bodies,
+            residual_dtype=args.residual_dtype,
+        )
+    if args.residual_dtype and report.residual_dtype is None:
+        console.warn(
+            f"--residual-dtype {args.residual_dtype}: {args.input} has no float16 or "
+            "bfloat16 residual stream (no residual Add of half values in front of a norm); "
+            "written as a plain fuse"
         )
     written = out or Path(args.input)
     if args.json:

@@ -17,6 +17,7 @@ examples:
   rmsnorm-onnx run model.onnx --input x=x.npy            # or --inputs all_inputs.npz
   rmsnorm-onnx run fused.onnx --compare decomposed.onnx --atol 1e-5 --rtol 1e-5
   rmsnorm-onnx run fused.onnx --provider cuda
+  rmsnorm-onnx run fp16.onnx --headroom                   # how close the norms come to 65504
 
 Inputs not given in files are random (normal floats; integers below the size of the embedding
 table they index), with symbolic dims from --dim or a small default; the report says which.
@@ -51,6 +52,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="FILE.npz",
         type=argtypes.file_path,
         help="write the outputs to an .npz archive",
+    )
+    p.add_argument(
+        "--headroom",
+        action="store_true",
+        help="also print the largest magnitude each norm reads in this run (X, or the residual "
+        "sum X + skip) against its type's largest value (float16: 65504), and the first that "
+        "passes it (run again in onnxruntime's CPU provider, the norms' inputs read out)",
     )
     p.add_argument(
         "--no-library",
@@ -170,7 +178,29 @@ def run(args: argparse.Namespace) -> int:
         _save(outputs, args.save_outputs)
     if args.compare:
         _print_comparison(args, other_model, outputs, other_outputs, timings)
+    if args.headroom:
+        _print_headroom(args.model, model, arrays)
     return 0
+
+
+def _print_headroom(path: str, model: Any, feeds: dict[str, Any]) -> None:
+    """The headroom table of one run; the norms are found by the fusion pass (any form)."""
+    from ..fusion import fuse
+    from ..fusion.headroom import CURE, measure
+
+    try:
+        _, report = fuse(path, function_bodies=False)
+        if not report.norm_inputs:
+            print("headroom  no norm on float16 or bfloat16 in the main graph")
+            return
+        room = measure(model, Path(path).parent, report.norm_inputs, feeds)
+    except RMSNormOnnxError as e:  # the run itself went well: say why, do not fail it
+        print(f"headroom  not measured: {e}")
+        return
+    print("headroom  (largest magnitude each norm reads, in the graph's order)")
+    _table([(f"norm {i + 1}", r.text()) for i, r in enumerate(room.readings)])
+    if room.first_overflow is not None:
+        print(f"overflow  {room.where()}: {CURE}")
 
 
 def _feeds(args: argparse.Namespace, model: Any) -> dict[str, Any]:

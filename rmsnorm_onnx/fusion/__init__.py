@@ -28,10 +28,12 @@ from ..errors import InvalidModelError, UsageError
 from . import (
     external,
     functions,
+    headroom,
     inline_weights,
     opset,
     preserve,
     raising,
+    residual_stream,
     targets,
     types,
     wellformed,
@@ -147,6 +149,7 @@ def fuse(
     *,
     for_runtime: str | None = None,
     base_dir: str | os.PathLike[str] | None = None,
+    residual_dtype: str | None = None,
 ) -> tuple[onnx.ModelProto, FuseReport]:
     """Fuse every RMSNorm (decomposed, another tool's op, ours; the residual Add in front of it
     too) into ``target``'s form; returns the new model (input untouched) and a report.
@@ -161,8 +164,12 @@ def fuse(
     model-local functions (:mod:`rmsnorm_onnx.op_functions`), so that it also runs without our
     library; bodies the input carried are always dropped first. ``base_dir``: the folder of a
     ``ModelProto``'s external data files (a path's data is read beside it).
+    ``residual_dtype="float32"``: a half model's residual stream is carried in float32 from the
+    first residual to the last norm (:mod:`rmsnorm_onnx.fusion.residual_stream`); outputs keep
+    their types. None (default): the stream keeps the model's type, as the file says.
     """
     tgt = targets.get(target, for_runtime=for_runtime)
+    residual_dtype = residual_stream.check(residual_dtype)
     given = isinstance(model_or_path, onnx.ModelProto)
     proto, base_dir = _read(model_or_path, None if base_dir is None else Path(base_dir))
     _check_opset(proto)
@@ -194,7 +201,9 @@ def fuse(
         plain_target=tgt.op_type is None,
     )
     raising.canonicalize(model, report, proto, base_dir)
-
+    report.norm_inputs = headroom.norm_inputs(model)  # the file's names, before any change
+    if residual_dtype is not None:
+        declared.forget(residual_stream.carry(model, tgt.float32_skip, report))
     lower(model, tgt, report)  # every canonical node, raised here or already in the file
     preserve.restore(model, declared)
     try:
@@ -210,8 +219,11 @@ def fuse(
     if verify and report.converted:
         from .verify import verify as check
 
-        check(proto, fused, base_dir)
+        room = check(proto, fused, base_dir, report.norm_inputs)
         report.verified = True
+        if room is not None:
+            report.notes += room.notes(carried=report.residual_dtype is not None)
+            report.headroom = [reading.to_dict() for reading in room.readings]
     return fused, report
 
 
@@ -225,6 +237,7 @@ def fuse_file(
     weights: str = "auto",
     function_bodies: bool = True,
     for_runtime: str | None = None,
+    residual_dtype: str | None = None,
 ) -> FuseReport:
     """Fuse ``src`` into ``dst``, written atomically.
 
@@ -232,7 +245,7 @@ def fuse_file(
     (copy-on-write filesystems) or copied next to ``dst`` (``weights="auto"``), always copied
     (``"copy"``) or hard-linked (``"link"``). Refuses to overwrite ``src`` unless ``in_place``;
     ``dst=None`` with ``in_place`` rewrites ``src``'s graph (its weights are never rewritten).
-    ``target``, ``for_runtime`` and ``function_bodies`` as in :func:`fuse`.
+    ``target``, ``for_runtime``, ``function_bodies`` and ``residual_dtype`` as in :func:`fuse`.
     """
     src_path = Path(src)
     if dst is None:
@@ -256,6 +269,7 @@ def fuse_file(
         verify=verify,
         function_bodies=function_bodies,
         for_runtime=for_runtime,
+        residual_dtype=residual_dtype,
     )
     placed = external.write(model, src_path.parent, dst_path, weights=weights, split=source)
     for path, how in sorted(placed.items()):

@@ -62,6 +62,13 @@ class Snapshot:
         default_factory=dict
     )
 
+    def forget(self, values: list[ir.Value]) -> None:
+        """Drop what the input declared for ``values``: the pass changed their type (a residual
+        stream made float32); each gets none, or an output's place its own."""
+        for kept in self.values.values():
+            for value in values:
+                kept.pop(id(value), None)
+
 
 def snapshot(proto: onnx.ModelProto, model: ir.Model) -> Snapshot:
     """What ``proto`` declared for each value of ``model`` (its deserialized form, before any

@@ -37,6 +37,13 @@ class FuseReport:
     notes: list[str] = dataclasses.field(default_factory=list)  # partial fusions, opset changes
     verified: bool | None = None  # None: not asked; True: outputs matched in onnxruntime
     plain_target: bool = False  # the target writes plain ops (no op of its own to fall back from)
+    # the residual stream's type where it was carried apart from the model's (fuse's
+    # residual_dtype; None: as the model has it)
+    residual_dtype: str | None = None
+    # verify's reading of a half model: the largest magnitude each norm input reached
+    headroom: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # the norms' inputs by value name (headroom.NormInput), for a later run's headroom
+    norm_inputs: list[Any] = dataclasses.field(default_factory=list, repr=False)
 
     @property
     def fused_count(self) -> int:
@@ -81,6 +88,8 @@ class FuseReport:
             "skipped_nodes": [dataclasses.asdict(s) for s in self.skipped],
             "notes": list(self.notes),
             "verified": self.verified,
+            "residual_dtype": self.residual_dtype,
+            "headroom": list(self.headroom),
         }
 
     @property
@@ -130,6 +139,9 @@ class FuseReport:
         if verbose:
             lines += [f"    {s.node} ({s.graph}): {s.reason}" for s in self.skipped]
         lines += [f"note: {note}" for note in self.notes] if notes else []
+        if verbose and self.headroom:
+            lines.append("headroom (largest magnitude each norm read, in order)")
+            lines += [f"    {h['value']}: {h['peak']} ({h['dtype']})" for h in self.headroom]
         if self.verified:
             lines.append("verified: fused and original outputs match in onnxruntime (CPU)")
         return "\n".join(lines)

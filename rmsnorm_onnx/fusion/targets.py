@@ -58,6 +58,9 @@ class Target:
     # the default-domain opset its op needs: the model is raised to it where every op keeps its
     # meaning there (model-level preparation), else those norms become plain ops
     opset: int | None = None
+    # its skip op takes a float32 skip with a half X (a float32 residual stream); where it does
+    # not, such norms are written apart (residual_stream)
+    float32_skip: bool = False
 
 
 def _custom(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
@@ -243,7 +246,7 @@ def _standard(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        Target("custom", _custom, op_type=OP_TYPE, eps_outside=True),
+        Target("custom", _custom, op_type=OP_TYPE, eps_outside=True, float32_skip=True),
         Target("contrib", _contrib, op_type=ORT_NORM, eps_outside=False),
         Target(
             "standard",

@@ -17,6 +17,7 @@ from ..compare import compare_arrays
 from ..errors import RMSNormOnnxError
 from ..reference import tolerance
 from .algebra import STATISTIC_OPS
+from .headroom import Headroom, NormInput, measure
 from .types import foreign_schemas
 
 # A whole model compounds rounding over its layers; the per-op tolerance of reference.tolerance
@@ -183,13 +184,27 @@ def _working_type(model: onnx.ModelProto, output: np.dtype) -> str:
     return "float64" if output == np.float64 else "float32"
 
 
-def verify(original: onnx.ModelProto, fused: onnx.ModelProto, base_dir: Path | None = None) -> None:
-    """Raise RMSNormOnnxError unless every output of ``fused`` matches ``original``."""
+def verify(
+    original: onnx.ModelProto,
+    fused: onnx.ModelProto,
+    base_dir: Path | None = None,
+    norm_inputs: Sequence[NormInput] = (),
+) -> Headroom | None:
+    """Raise RMSNormOnnxError unless every output of ``fused`` matches ``original``.
+    ``norm_inputs`` (a half model's norms, from the fusion): the original's headroom on the same
+    inputs is returned, and a mismatch where a norm input passes its type's range says so."""
     ref_sess = _loaded(original, base_dir, "the original")
     new_sess = _loaded(fused, base_dir, "the fused model")
     known = genai_dims(base_dir, new_sess)
-    _compare(original, ref_sess, new_sess, known)
+    room = _headroom(original, base_dir, new_sess, known, list(norm_inputs))
+    try:
+        _compare(original, ref_sess, new_sess, known)
+    except RMSNormOnnxError as e:
+        if room is None or not room.explain():
+            raise
+        raise RMSNormOnnxError(f"{e}. {room.explain()}") from None
     _compare_without_library(original, fused, base_dir, ref_sess, known)
+    return room
 
 
 _NO_LIBRARY = "without our library (onnxruntime running the function bodies the file carries)"
@@ -217,6 +232,23 @@ def _compare_without_library(
         _compare(original, ref_sess, plain, known)
     except RMSNormOnnxError as e:
         raise RMSNormOnnxError(f"{e} [{_NO_LIBRARY}]") from None
+
+
+def _headroom(
+    original: onnx.ModelProto,
+    base_dir: Path | None,
+    new_sess: Any,
+    known: Mapping[str, int],
+    inputs: list[NormInput],
+) -> Headroom | None:
+    """The original's norm inputs on the comparison's first inputs (None where it has no half
+    norm, or they do not run it: the comparison then says what fails)."""
+    if not inputs:
+        return None
+    try:
+        return measure(original, base_dir, inputs, random_inputs(new_sess, known=known))
+    except RMSNormOnnxError:
+        return None
 
 
 def _loaded(model: onnx.ModelProto, base_dir: Path | None, which: str) -> Any:
