@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LIBRARY_ENV",
-    "ORT_INSTALL_HINT",
     "LIBRARY_NAMES",
+    "ORT_INSTALL_HINT",
     "PROVIDER_ALIASES",
     "copy_options",
     "cuda_available",

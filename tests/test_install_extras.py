@@ -11,8 +11,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib", reason="Python < 3.11 has no tomllib")
 
 ROOT = Path(__file__).resolve().parent.parent
 ORT_DISTRIBUTIONS = re.compile(r"^onnxruntime(-gpu|-openvino|-directml|-rocm|-qnn)?\b")
