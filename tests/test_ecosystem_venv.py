@@ -4,8 +4,13 @@ The three want the CPU ``onnxruntime`` distribution. While ours required onnxrun
 venv held both distributions of the ``onnxruntime`` package, and its files were whichever wheel
 pip wrote last. Here one distribution owns the package, and optimum generates from a folder it
 exported and we fused (our library registered in its session) the same greedy tokens as from its
-own; tests/test_genai_e2e.py does the same for onnxruntime-genai in the same venv. .ci/run runs
-both there with RMSNORM_ONNX_REQUIRE_ECOSYSTEM=1, where a missing tool fails instead of skipping.
+own, and onnxruntime-genai from a builder's folder we fused the same tokens as from the folder.
+.ci/run runs this there with RMSNORM_ONNX_REQUIRE_ECOSYSTEM=1 (a missing tool fails, not skips).
+
+genai 0.18.0's builder imports transformers 5 models while optimum-onnx 0.1.0 pins transformers
+< 4.58: the builder cannot run in this venv (genai's runtime can). .ci/run builds the folder in
+.venv (ours, genai, transformers 5: tests/test_genai_e2e.py runs there) and hands it over in
+RMSNORM_ONNX_GENAI_BUILT; without it the builder runs here.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import pytest
 from cli_support import run_cli
 
 try:
-    import onnxruntime_genai  # noqa: F401  (present: the venv holds all three)
+    import onnxruntime_genai  # noqa: F401  (the venv holds all three)
     from optimum.onnxruntime import ORTModelForCausalLM
 except ImportError as e:
     if os.environ.get("RMSNORM_ONNX_REQUIRE_ECOSYSTEM"):
@@ -33,7 +38,8 @@ except ImportError as e:
     )
 
 import onnxruntime as ort
-from genai_support import op_counts, save_tiny_llama
+import onnxruntime_genai as og
+from genai_support import op_counts, run_builder, save_tiny_llama
 
 from rmsnorm_onnx.runtime import library_path
 
@@ -115,3 +121,34 @@ def _profiled_ops(folder: Path) -> dict[str, int]:
             if name and event.get("name", "").endswith("_kernel_time"):
                 ops[name] = ops.get(name, 0) + 1
     return ops
+
+
+@pytest.fixture(scope="module")
+def genai_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder written by onnxruntime-genai's builder (a tiny random Llama, fp32, CPU)."""
+    if given := os.environ.get("RMSNORM_ONNX_GENAI_BUILT"):
+        return Path(given)
+    root = tmp_path_factory.mktemp("genai")
+    return run_builder(save_tiny_llama(root / "hf"), root / "built")
+
+
+def _genai_greedy(folder: Path, length: int = 24) -> list[int]:
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=length, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(og.Tokenizer(model).encode(PROMPT))
+    while not generator.is_done():
+        generator.generate_next_token()
+    return [int(t) for t in generator.get_sequence(0)]
+
+
+def test_genai_generates_from_our_fused_folder(genai_built: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fused"
+    proc = run_cli("fuse", genai_built, out)  # custom ops, our library copied into the folder
+    assert proc.returncode == 0, proc.stderr
+    counts = op_counts(out / "model.onnx")
+    assert (counts.get("RMSNorm"), counts.get("SkipRMSNorm")) == (1, 4), counts
+    want = _genai_greedy(genai_built)
+    assert len(want) == 24
+    assert _genai_greedy(out) == want
