@@ -120,7 +120,8 @@ def test_demo_command_sets_up_from_nothing_and_runs_the_demo():
     demo, _ = _two_commands()
     steps = [shlex.split(step) for step in demo.split("&&")]
     assert steps[0][:3] == ["python3", "-m", "venv"]
-    assert "torch==2.13.0" in steps[1] and "." in steps[1]  # the pinned CPU wheel, then us
+    # the pinned CPU wheel, then us with the CPU onnxruntime (its one distribution: an extra)
+    assert "torch==2.13.0" in steps[1] and ".[cpu]" in steps[1]
     assert steps[-1] == [".venv/bin/rmsnorm-onnx", "demo"]  # tests/test_cli_demo.py runs it
 
 
@@ -294,8 +295,9 @@ def _readme_requirements() -> list[str]:
 
 def _closure(requirements: list[str]) -> list[metadata.Distribution]:
     """The installed distributions pip would install for ``requirements`` (those given and what
-    they need, markers evaluated), taken from this environment; "." is this project."""
-    todo = [Requirement("rmsnorm_onnx" if r == "." else r) for r in requirements]
+    they need, markers evaluated), taken from this environment; "." is this project (".[cpu]"
+    with that extra)."""
+    todo = [Requirement("rmsnorm_onnx" + r[1:] if r.startswith(".") else r) for r in requirements]
     found: dict[str, metadata.Distribution] = {}
     while todo:
         req = todo.pop()
@@ -348,7 +350,7 @@ def _env() -> dict[str, str]:
 @pytest.mark.slow
 def test_python_example_runs_with_only_what_the_readme_installs(tmp_path):
     requirements = _readme_requirements()
-    assert "." in requirements and "torch==2.13.0" in requirements, requirements
+    assert ".[cpu]" in requirements and "torch==2.13.0" in requirements, requirements
     python = _venv_with_only(tmp_path / "venv", _closure(requirements))
     done = subprocess.run(
         [python, "-c", _python_example()],
