@@ -24,6 +24,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 TEXT = README.read_text()
 WALKTHROUGH = (DOCS / "walkthrough.md").read_text()
+TESTING = (DOCS / "testing.md").read_text()
 RECIPES = (DOCS / "recipes.md").read_text()
 PAGES = {README: TEXT, **{p: p.read_text() for p in sorted(DOCS.glob("*.md"))}}
 
@@ -134,14 +135,15 @@ def test_test_command_is_what_ci_runs_and_the_readme_says_what_it_installs():
     assert ".venv" in made and len(made) > 1, made
     apt = re.search(r"apt-get install[^\n]*\\\n\s*(.+?) >", ci)
     assert apt, "the apt-get install line of .ci/run moved"
-    section = _section(TEXT, "## Two commands")
+    assert "deletes and recreates `.venv`" in _section(TEXT, "## Two commands")
+    section = _section(TESTING, "## What `bash .ci/run` does")
     unnamed = [name for name in [*made, *apt.group(1).split()] if f"`{name}`" not in section]
-    assert not unnamed, f"the README's two commands do not say .ci/run makes {unnamed}"
+    assert not unnamed, f"docs/testing.md does not say .ci/run makes {unnamed}"
 
 
 def test_quick_pytest_lines_run_a_part_of_the_suite_against_the_built_library():
-    block = re.search(r"A part of the suite.*?\n\n((?:    .+\n)+)", TEXT, flags=re.S)
-    assert block, "README lost its quick pytest lines"
+    block = re.search(r"A part of the suite.*?\n\n((?:    .+\n)+)", TESTING, flags=re.S)
+    assert block, "docs/testing.md lost its quick pytest lines"
     lines = [line.strip() for line in block.group(1).splitlines()]
     installed, checkout = lines[1], lines[2]
     env, _, command = checkout.partition(" .venv/bin/")
