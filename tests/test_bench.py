@@ -616,6 +616,8 @@ def test_torchs_timed_calls_reuse_their_memory():
         got = child.measure(op, (2048, 4096), "float32", "cpu", **kwargs)
         faults = _minor_faults(pid) - before
     calls = len(got.seconds)
-    assert calls >= 3 and faults < 2 * 8192  # < one 32 MB tensor's pages over all the calls
+    # the second measure makes its inputs afresh (X and one more tensor of X's size: 2 x 8192
+    # pages, seen under load), the timed calls none; unwarmed, each call faulted 24,579 pages
+    assert calls >= 3 and faults < 3 * 8192
     assert got.faults_per_call is not None and got.faults_per_call <= torch_worker.FAULTS_NOTED
     assert "page faults" not in got.note
