@@ -289,7 +289,8 @@ class Emulator:
 
     def parse_ladder(self, value: str | None) -> str | None:
         """The table RMSNORM_ONNX_CUDA_LADDER=value selects (None: refused)."""
-        got = self._lib.rmsnorm_onnx_emulated_parse_ladder(None if value is None else value.encode())
+        raw = None if value is None else value.encode()
+        got = self._lib.rmsnorm_onnx_emulated_parse_ladder(raw)
         return None if got < 0 else LADDERS[got]
 
     def shared_limit_race(self, threads: int, launches: int, max_smem: int) -> tuple[int, int, int]:
@@ -301,11 +302,15 @@ class Emulator:
     def capture_calls(self, warmup: int, captured: int) -> tuple[dict, dict, int]:
         """The driver calls of the launch path by kind, before and during a stream capture, and
         the failed launches (launch_protocol.h over a recording driver)."""
-        before, during = (ctypes.c_int64 * len(DRIVER_CALLS))(), (ctypes.c_int64 * len(DRIVER_CALLS))()
-        failures = ctypes.c_int64()
-        rc = self._lib.rmsnorm_onnx_emulated_capture_calls(warmup, captured, before, during, failures)
-        assert rc == 0
-        return dict(zip(DRIVER_CALLS, before)), dict(zip(DRIVER_CALLS, during)), failures.value
+        counts = ctypes.c_int64 * len(DRIVER_CALLS)
+        before, during, failures = counts(), counts(), ctypes.c_int64()
+        run = self._lib.rmsnorm_onnx_emulated_capture_calls
+        assert run(warmup, captured, before, during, failures) == 0
+        return (
+            dict(zip(DRIVER_CALLS, before, strict=True)),
+            dict(zip(DRIVER_CALLS, during, strict=True)),
+            failures.value,
+        )
 
     def stale_error(self, launch_error: int) -> tuple[str, int]:
         """(the launch's message, the last-error slot after) with an earlier error pending."""

@@ -2,11 +2,11 @@
 
 The table: the small-row warp kernels up to 1 KB rows (as before), then 2-16 warps per row
 (MultiWarp: 2 vectors per lane, the whole row in registers, 128/lanes rows per block of 128) up to
-16 KB rows, the block kernel past that, and for few rows (decode) one vector per thread. Every run test of the
-old table's files is collected here again with the new table, twice: with the decode rung (their
-2-6 rows take it) and without it (the same rows get the many-row rungs), so tails, misaligned
-rows, scale and bias kinds, broadcast row maps, aliasing, the overflow rescue and random thread
-schedules run on every new configuration. The old table stays selectable
+16 KB rows, the block kernel past that, and for few rows (decode) one vector per thread. Every
+run test of the old table's files is collected here again with the new table, twice: with the
+decode rung (their 2-6 rows take it) and without it (the same rows get the many-row rungs), so
+tails, misaligned rows, scale and bias kinds, broadcast row maps, aliasing, the overflow rescue
+and random thread schedules run on every new configuration. The old table stays selectable
 (RMSNORM_ONNX_CUDA_LADDER=old|new) so one GPU run can time both.
 """
 
@@ -208,13 +208,16 @@ def ladder_cases(emu: Emulator, skip: bool):
                             extra["scale_dtype"] = "float32" if kind == "scale_f32" else d
                         if kind == "scale_bias":
                             extra["bias_addr"] = 1 << 21
-                        yield d, emu.config(
+                        yield (
                             d,
-                            rows,
-                            h,
-                            x_addr=4096 + misaligned * size,
-                            y_addr=8192 + y_off * size,
-                            **extra,
+                            emu.config(
+                                d,
+                                rows,
+                                h,
+                                x_addr=4096 + misaligned * size,
+                                y_addr=8192 + y_off * size,
+                                **extra,
+                            ),
                         )
 
 
@@ -266,7 +269,9 @@ def test_ladder_rungs_emulated(emu, rng, dtype, rows, hidden, kind, skip):
 RESCUE_SHAPES = [("bfloat16", 768), ("float32", 300), ("float32", 1000), ("bfloat16", 8192)]
 
 
-@pytest.mark.parametrize(("dtype", "hidden"), RESCUE_SHAPES, ids=[f"{d}-h{h}" for d, h in RESCUE_SHAPES])
+@pytest.mark.parametrize(
+    ("dtype", "hidden"), RESCUE_SHAPES, ids=[f"{d}-h{h}" for d, h in RESCUE_SHAPES]
+)
 @pytest.mark.parametrize("skip", [False, True], ids=["RMSNorm", "SkipRMSNorm"])
 def test_ladder_one_row_of_a_block_rescued_emulated(emu, rng, dtype, hidden, skip):
     """Rows whose float32 sum of squares overflows, one beside ordinary rows in a block (2 rows
