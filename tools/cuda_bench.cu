@@ -4,6 +4,8 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Irmsnorm_onnx/csrc tools/cuda_bench.cu \
 //        rmsnorm_onnx/csrc/cuda/rmsnorm.cu -o cuda_bench
 //   ./cuda_bench OUT.json [--quick]
+//   ncu ... ./cuda_bench ORDER.txt --profile    one launch per table at a few shapes, for Nsight
+//                                               Compute (ORDER.txt: what each launch was)
 // For each op, dtype and shape: every launch table (old, new, new without its decode rung) is
 // checked first (Y and S poisoned, then against a float64 host reference within the dtype's
 // tolerance, S bit for bit), then timed with CUDA events over many launches (median of several
@@ -241,13 +243,57 @@ float TimeLaunches(F&& launch, int sets, int per_batch, cudaStream_t stream) {
   return MedianOf(batches);
 }
 
+// One launch of each table (old, new) per op, dtype and shape of the mid-size and decode rows, in
+// an order written to `order` (line k: the k-th kernel launched), for ncu's per-kernel sections.
+int Profile(const char* order_path) {
+  FILE* order = std::fopen(order_path, "w");
+  if (!order) return 2;
+  const Shape shapes[] = {{16384, 768, "bench"}, {8192, 1024, "bench"}, {2048, 4096, "bench"},
+                          {8, 4096, "decode"}};
+  cudaStream_t stream;
+  CHECK(cudaStreamCreate(&stream));
+  int k = 0;
+  for (bool skip : {false, true}) {
+    for (DType t : {DType::kFloat32, DType::kFloat16}) {
+      for (const Shape& shape : shapes) {
+        Problem p{t, shape.rows, shape.cols, skip, {}, {}, {}, {}, {}};
+        const size_t bytes = p.Bytes();
+        Buffers b;
+        void* scale = nullptr;
+        for (void** ptr : {&b.x, &b.skip, &b.y, &b.s}) CHECK(cudaMalloc(ptr, bytes));
+        CHECK(cudaMalloc(&scale, p.cols * 4));
+        CHECK(cudaMemset(b.x, 0x3c, bytes));  // finite values in every dtype
+        CHECK(cudaMemset(b.skip, 0x3c, bytes));
+        CHECK(cudaMemset(scale, 0x3c, p.cols * 4));
+        for (int vi = 0; vi < 2; ++vi) {
+          rc::Params q = MakeParams(p, b, scale);
+          q.ladder = kVariants[vi].ladder;
+          const rc::LaunchConfig c = rc::ChooseLaunchConfig(q, MaxSmem());
+          std::fprintf(order, "%d %s %lldx%lld %s %s %s\n", k++, skip ? "SkipRMSNorm" : "RMSNorm",
+                       static_cast<long long>(p.rows), static_cast<long long>(p.cols),
+                       TypeName(t), kVariants[vi].name, Describe(c).c_str());
+          if (const char* e = LaunchVariant(q, kVariants[vi], stream)) {
+            std::fprintf(stderr, "launch failed: %s\n", e);
+            return 1;
+          }
+          CHECK(cudaStreamSynchronize(stream));
+        }
+        for (void* ptr : {b.x, b.skip, b.y, b.s, scale}) CHECK(cudaFree(ptr));
+      }
+    }
+  }
+  std::fclose(order);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: cuda_bench OUT.json [--quick]\n");
+    std::fprintf(stderr, "usage: cuda_bench OUT.json [--quick] | ORDER.txt --profile\n");
     return 2;
   }
+  if (argc > 2 && std::strcmp(argv[2], "--profile") == 0) return Profile(argv[1]);
   const bool quick = argc > 2 && std::strcmp(argv[2], "--quick") == 0;
   FILE* out = std::fopen(argv[1], "w");
   if (!out) return 2;

@@ -19,7 +19,8 @@
 #    mid-size hidden, both ops, fp32/fp16/bf16, beside a device copy of the same bytes;
 # 3. where onnxruntime can use the GPU (the carried onnxruntime-gpu: tools/gpu_carry.sh), the GPU
 #    tests, the CUDA-graph test and the whole-model runs too.
-# Outputs: kernels.jsonl (one object per line), kernels.md (the table), round.log, env.txt.
+# Outputs: kernels.jsonl (one object per line), kernels.md (the table), round.log, env.txt, and
+# with Nsight Compute ncu.csv + ncu_order.txt (what the k-th kernel was: old/new, op, shape).
 # Exit status: the number of failed steps.
 set -u -o pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,6 +66,17 @@ fi
 step "kernel bench: old table against new"
 "$bench" "$out/kernels.jsonl" | tee "$out/kernels.md"
 check
+if ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); then
+    step "registers, occupancy and DRAM bytes of each table's kernels under Nsight Compute"
+    timeout 240 "$ncu" --clock-control none --csv --page raw --print-units base \
+        --metrics gpu__time_duration.sum,sm__warps_active.avg.pct_of_peak_sustained_active,\
+launch__registers_per_thread,launch__occupancy_limit_registers,launch__block_size,\
+launch__grid_size,dram__bytes_read.sum,dram__bytes_write.sum \
+        --log-file "$out/ncu.csv" "$bench" "$out/ncu_order.txt" --profile > /dev/null
+    check
+else
+    echo "(no ncu: registers and occupancy from the ptxas report only)"
+fi
 echo "=== $failed step(s) failed; outputs in $out"
 exit "$failed"
 fi
