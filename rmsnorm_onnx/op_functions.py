@@ -412,7 +412,8 @@ def _signature(node: onnx.NodeProto, elem_type: int, types: tuple[int, int]) -> 
 
 
 def _same_inputs(a: Variant, b: Variant) -> bool:
-    return (a.op_type, a.scale, a.bias) == (b.op_type, b.scale, b.bias)
+    """Nodes one body can run (in the wider of their compute types): the same inputs."""
+    return (a.op_type, a.scale, a.bias, a.residual) == (b.op_type, b.scale, b.bias, b.residual)
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
@@ -517,9 +518,10 @@ def attach(model: onnx.ModelProto) -> Attached:
     onnx's ReferenceEvaluator take the last body of an op for all its nodes: the body without
     an overload name, the one with the most inputs, goes last, so that on them a node of
     another signature fails to load (its missing input is used) rather than runs wrong. Below
-    opset 15 that last body is float32 where the nodes of its inputs hold several X types: the
-    evaluator runs them all through it, each output written in its node's type and rounded
-    once; onnxruntime 1.21 refuses the other types at load.
+    opset 15 that last body names float32 (double where a double node is among them) where the
+    nodes of its inputs hold several X types: the evaluator runs them all through it, each
+    output written in its node's type and rounded once; onnxruntime 1.21 refuses the other
+    types at load. At any opset it computes in the widest compute type of those nodes.
     """
     remove(model)
     done = Attached()
@@ -558,8 +560,12 @@ def attach(model: onnx.ModelProto) -> Attached:
     if types:  # the last body runs every node of its inputs where overloads are not told apart
         for op_type, sig in default.items():
             alike = {s: m for s, m in groups.items() if _same_inputs(s, sig)}
-            elem = next(iter(alike)).elem_type if len(alike) == 1 else _DEFAULT_ELEM_TYPE
-            default[op_type] = sig = dataclasses.replace(sig, elem_type=elem)
+            # the widest compute type present: a double node run through it loses nothing
+            wide = max((s.compute for s in alike), key=lambda c: c == onnx.TensorProto.DOUBLE)
+            elem = next(iter(alike)).elem_type
+            if len(alike) > 1 and opset < _CASTLIKE_OPSET:
+                elem = wide if wide != _FLOAT else _DEFAULT_ELEM_TYPE
+            default[op_type] = sig = dataclasses.replace(sig, elem_type=elem, compute=wide)
             alike_nodes = [n for m in alike.values() for n in m]
             variants[sig] = _merge(sig, alike_nodes, op_type in sums, spread)
             groups.setdefault(sig, [])

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LIBRARY_ENV",
     "LIBRARY_NAMES",
+    "ORT_INSTALL_HINT",
     "PROVIDER_ALIASES",
     "copy_options",
     "cuda_available",
@@ -37,6 +38,11 @@ __all__ = [
 ]
 
 LIBRARY_ENV = "RMSNORM_ONNX_LIBRARY"
+# onnxruntime comes with an extra: its CPU and GPU distributions cannot share a venv
+ORT_INSTALL_HINT = (
+    "pip install 'rmsnorm_onnx[cpu]' (onnxruntime) or 'rmsnorm_onnx[gpu]' (onnxruntime-gpu), "
+    "one of the two"
+)
 PROVIDER_ALIASES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 LIBRARY_NAMES = {  # the library's file name by platform (CMake names it so)
     "linux": "librmsnorm_onnx.so",

@@ -3,8 +3,9 @@ converted by ``rmsnorm-onnx fuse IN_DIR OUT_DIR`` to each target, then generated
 onnxruntime-genai: the same greedy tokens, and the same logits in onnxruntime.
 
 onnxruntime-genai pulls the CPU ``onnxruntime`` wheel, which cannot share a venv with
-``onnxruntime-gpu``: ``.ci/run`` runs this file in a venv of its own, with
-RMSNORM_ONNX_REQUIRE_GENAI=1 so that a missing onnxruntime-genai fails there instead of skipping.
+``onnxruntime-gpu``: ``.ci/run`` installs it beside ``rmsnorm_onnx[cpu]`` in .venv and runs this
+file with RMSNORM_ONNX_REQUIRE_GENAI=1, so that a missing onnxruntime-genai fails instead of
+skipping.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ except ImportError as e:
     if os.environ.get("RMSNORM_ONNX_REQUIRE_GENAI"):
         pytest.fail(f"onnxruntime-genai is required here: {e}", pytrace=False)
     pytest.skip(
-        f"onnxruntime-genai not installed ({e}); it needs a venv without onnxruntime-gpu: "
-        ".ci/run runs this file in one",
+        f"onnxruntime-genai not installed ({e}); it shares a venv with rmsnorm_onnx[cpu], not "
+        "with onnxruntime-gpu",
         allow_module_level=True,
     )
 

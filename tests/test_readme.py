@@ -24,6 +24,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 TEXT = README.read_text()
 WALKTHROUGH = (DOCS / "walkthrough.md").read_text()
+TESTING = (DOCS / "testing.md").read_text()
 RECIPES = (DOCS / "recipes.md").read_text()
 PAGES = {README: TEXT, **{p: p.read_text() for p in sorted(DOCS.glob("*.md"))}}
 
@@ -120,7 +121,8 @@ def test_demo_command_sets_up_from_nothing_and_runs_the_demo():
     demo, _ = _two_commands()
     steps = [shlex.split(step) for step in demo.split("&&")]
     assert steps[0][:3] == ["python3", "-m", "venv"]
-    assert "torch==2.13.0" in steps[1] and "." in steps[1]  # the pinned CPU wheel, then us
+    # the pinned CPU wheel, then us with the CPU onnxruntime (its one distribution: an extra)
+    assert "torch==2.13.0" in steps[1] and ".[cpu]" in steps[1]
     assert steps[-1] == [".venv/bin/rmsnorm-onnx", "demo"]  # tests/test_cli_demo.py runs it
 
 
@@ -133,14 +135,15 @@ def test_test_command_is_what_ci_runs_and_the_readme_says_what_it_installs():
     assert ".venv" in made and len(made) > 1, made
     apt = re.search(r"apt-get install[^\n]*\\\n\s*(.+?) >", ci)
     assert apt, "the apt-get install line of .ci/run moved"
-    section = _section(TEXT, "## Two commands")
+    assert "deletes and recreates `.venv`" in _section(TEXT, "## Two commands")
+    section = _section(TESTING, "## What `bash .ci/run` does")
     unnamed = [name for name in [*made, *apt.group(1).split()] if f"`{name}`" not in section]
-    assert not unnamed, f"the README's two commands do not say .ci/run makes {unnamed}"
+    assert not unnamed, f"docs/testing.md does not say .ci/run makes {unnamed}"
 
 
 def test_quick_pytest_lines_run_a_part_of_the_suite_against_the_built_library():
-    block = re.search(r"A part of the suite.*?\n\n((?:    .+\n)+)", TEXT, flags=re.S)
-    assert block, "README lost its quick pytest lines"
+    block = re.search(r"A part of the suite.*?\n\n((?:    .+\n)+)", TESTING, flags=re.S)
+    assert block, "docs/testing.md lost its quick pytest lines"
     lines = [line.strip() for line in block.group(1).splitlines()]
     installed, checkout = lines[1], lines[2]
     env, _, command = checkout.partition(" .venv/bin/")
@@ -294,8 +297,9 @@ def _readme_requirements() -> list[str]:
 
 def _closure(requirements: list[str]) -> list[metadata.Distribution]:
     """The installed distributions pip would install for ``requirements`` (those given and what
-    they need, markers evaluated), taken from this environment; "." is this project."""
-    todo = [Requirement("rmsnorm_onnx" if r == "." else r) for r in requirements]
+    they need, markers evaluated), taken from this environment; "." is this project (".[cpu]"
+    with that extra)."""
+    todo = [Requirement("rmsnorm_onnx" + r[1:] if r.startswith(".") else r) for r in requirements]
     found: dict[str, metadata.Distribution] = {}
     while todo:
         req = todo.pop()
@@ -348,7 +352,7 @@ def _env() -> dict[str, str]:
 @pytest.mark.slow
 def test_python_example_runs_with_only_what_the_readme_installs(tmp_path):
     requirements = _readme_requirements()
-    assert "." in requirements and "torch==2.13.0" in requirements, requirements
+    assert ".[cpu]" in requirements and "torch==2.13.0" in requirements, requirements
     python = _venv_with_only(tmp_path / "venv", _closure(requirements))
     done = subprocess.run(
         [python, "-c", _python_example()],

@@ -298,12 +298,6 @@ def test_standard_refuses_eps_outside_naming_it() -> None:
         export(RMSNorm(8, eps_outside=True), torch.randn(2, 8), rmsnorm="standard")
 
 
-def test_fused_refuses_float64_naming_the_type() -> None:
-    layer = RMSNorm(8, dtype=torch.float64)
-    with pytest.raises(UsageError, match="float64"):
-        export(layer, torch.randn(2, 3, 8, dtype=torch.float64), rmsnorm="fused")
-
-
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -173,6 +173,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] != "onnxruntime":
+            raise
+        # the package leaves the choice of onnxruntime distribution to an extra (pyproject.toml)
+        from ..runtime import ORT_INSTALL_HINT
+
+        _report(f"this command runs onnxruntime, which is not installed: {ORT_INSTALL_HINT}")
+        return 1
     except OSError as e:  # a full disk, a name too long, a path through a file: say which path
         paths = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
         _report(f"{paths or 'file system'}: {e.strerror or e}", hint=True)
