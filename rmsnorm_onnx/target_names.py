@@ -18,6 +18,8 @@ TARGETS: dict[str, str] = {
     "com.microsoft::SkipSimplifiedLayerNormalization",
     "standard": "ONNX RMSNormalization (opset 23)",
     "decomposed": "plain ONNX ops at the model's opset",
+    "cuda": "per norm, ours or onnxruntime's contrib op: the one measured faster on a GPU "
+    "(rmsnorm_onnx/cuda_picks.py)",
 }
 
 
@@ -44,6 +46,12 @@ RUNTIMES: dict[str, Runtime] = {
         "contrib",
         "onnxruntime's own fused kernels, the fastest form without our library on 1.21 and "
         "1.31; standard does not load on 1.21",
+    ),
+    "onnxruntime-cuda": Runtime(
+        "cuda",
+        "per norm the faster kernel on a GPU by the newest measurement (H100, 2026-11-26): "
+        "onnxruntime's contrib op for mid-size fp32/fp16 rows and fp16 SkipRMSNorm up to hidden "
+        "8192, ours elsewhere",
     ),
     "openvino": Runtime(
         "contrib",

@@ -31,7 +31,10 @@ def compute_dtype(dt: np.dtype) -> np.dtype:
 
 # the library takes element types as ONNX numbers (TensorProto.DataType), as dtype.h has them
 ONNX_TYPES = {name: helper.np_dtype_to_tensor_dtype(dt) for name, dt in DTYPES.items()}
-MODES = ("warp", "block")  # launch_choice.h's Mode
+MODES = ("warp", "block", "multiwarp")  # launch_choice.h's Mode
+LADDERS = ("old", "new")  # launch_params.h's Ladder
+# emulated_api.cc's RecordingDriver::Call: the driver calls the launch path may make
+DRIVER_CALLS = ("get_device", "shared_optin", "raise_shared_limit", "launch", "clear_last_error")
 FAMILIES = ("generic", "no_scale", "scale_same", "scale_f32")  # launch_choice.h's Family
 
 # Dynamic shared memory a block can opt into, less the kernel's static bytes, by architecture
@@ -76,6 +79,8 @@ class _Params(ctypes.Structure):  # emulated_api.cc's RmsnormEmulatedParams
         ("epsilon", ctypes.c_float),
         ("lead_rank", ctypes.c_int32),
         *((name, ctypes.c_int64 * MAX_ROW_DIMS) for name in ("y_lead", "x_lead", "skip_lead")),
+        ("ladder", ctypes.c_int32),
+        ("decode_rows", ctypes.c_int64),
     ]
 
 
@@ -150,10 +155,15 @@ class Emulator:
         lib.rmsnorm_onnx_emulated_run.restype = i32
         lib.rmsnorm_onnx_emulated_shared_limit_race.argtypes = [i32, i32, i32, *[ptr(i64)] * 3]
         lib.rmsnorm_onnx_emulated_stale_error.argtypes = [i32, ptr(i32), ctypes.c_char_p, i64]
+        lib.rmsnorm_onnx_emulated_capture_calls.argtypes = [i32, i32, *[ptr(i64)] * 3]
+        lib.rmsnorm_onnx_emulated_parse_ladder.argtypes = [ctypes.c_char_p]
+        lib.rmsnorm_onnx_emulated_parse_ladder.restype = i32
         self._lib = lib
+        self.ladder = "old"  # the table config() and run() use unless told
+        self.decode_rows = -1  # the new ladder's decode rung: at most this many rows (-1: its own)
 
-    @staticmethod
     def params(
+        self,
         dtype: str,
         rows: int,
         cols: int,
@@ -173,6 +183,7 @@ class Emulator:
         eps_outside: bool = False,
         scale_count: int = 0,
         bias_count: int = 0,
+        ladder: str | None = None,
     ) -> _Params:
         """launch_params.h's Params (pointers as addresses); a parameter pair defaults to full
         size."""
@@ -197,6 +208,8 @@ class Emulator:
             scale_count=scale_count,
             bias_count=bias_count,
             epsilon=epsilon,
+            ladder=LADDERS.index(ladder or self.ladder),
+            decode_rows=self.decode_rows,
         )
 
     def config(
@@ -232,6 +245,7 @@ class Emulator:
         max_grid: int = MAX_GRID,
         seed: int = 0,
         leads: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None,
+        ladder: str | None = None,
     ) -> Config:
         """Y = RMSNorm(X) (or of S = X + skip, S stored into sum_out) over the last axis of 2-D
         x, y; skip is [skip_rows, cols] with skip_rows dividing rows. ``leads``: the leading dims
@@ -267,6 +281,7 @@ class Emulator:
             eps_outside=eps_outside,
             scale_count=0 if scale is None else scale.size,
             bias_count=0 if bias is None else bias.size,
+            ladder=ladder,
         )
         if leads is not None:
             p.lead_rank = len(leads[0])
@@ -281,11 +296,30 @@ class Emulator:
             raise RuntimeError(error.value.decode())
         return Config.from_c(used)
 
+    def parse_ladder(self, value: str | None) -> str | None:
+        """The table RMSNORM_ONNX_CUDA_LADDER=value selects (None: refused)."""
+        raw = None if value is None else value.encode()
+        got = self._lib.rmsnorm_onnx_emulated_parse_ladder(raw)
+        return None if got < 0 else LADDERS[got]
+
     def shared_limit_race(self, threads: int, launches: int, max_smem: int) -> tuple[int, int, int]:
         """(raises, failed launches, limit left) of racing long-row launches (launch_protocol.h)."""
         out = [ctypes.c_int64() for _ in range(3)]
         self._lib.rmsnorm_onnx_emulated_shared_limit_race(threads, launches, max_smem, *out)
         return tuple(v.value for v in out)
+
+    def capture_calls(self, warmup: int, captured: int) -> tuple[dict, dict, int]:
+        """The driver calls of the launch path by kind, before and during a stream capture, and
+        the failed launches (launch_protocol.h over a recording driver)."""
+        counts = ctypes.c_int64 * len(DRIVER_CALLS)
+        before, during, failures = counts(), counts(), ctypes.c_int64()
+        run = self._lib.rmsnorm_onnx_emulated_capture_calls
+        assert run(warmup, captured, before, during, failures) == 0
+        return (
+            dict(zip(DRIVER_CALLS, before, strict=True)),
+            dict(zip(DRIVER_CALLS, during, strict=True)),
+            failures.value,
+        )
 
     def stale_error(self, launch_error: int) -> tuple[str, int]:
         """(the launch's message, the last-error slot after) with an earlier error pending."""

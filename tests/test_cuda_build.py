@@ -10,28 +10,40 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import native_build
 import pytest
 
 REPORT_NAME = "rmsnorm_onnx_ptxas.txt"
+CUDA_SOURCES = Path(__file__).parents[1] / "rmsnorm_onnx" / "csrc" / "cuda"
 # cmake/cuda.cmake: SASS per binary-compatible family (sm_80 runs on 8.6 and 8.9), compute_90 PTX
 ARCHITECTURES = ("sm_75", "sm_80", "sm_90")
 BUDGET_ARCH = "sm_90"  # the register budgets below are read at Hopper
-# dispatch.h, per op (RMSNorm, SkipRMSNorm): specialized kernels (full vectors; warp mode with 1
-# or 2 vectors per lane, block mode) of 2 families for float32 and float64 and 3 for each 16-bit
-# type, and Generic kernels (full vectors or element-wide; warp and block mode) for each type
-SPECIALIZED = (2 + 3 + 3 + 2) * 3
-GENERIC = 4 * 2 * 2
+# dispatch.h, per op (RMSNorm, SkipRMSNorm): specialized kernels (full vectors; warp mode and
+# MultiWarp with 1 or 2 vectors per lane, block mode) of 2 families for float32 and float64 and 3
+# for each 16-bit type, and Generic kernels (full vectors or element-wide; warp, MultiWarp and
+# block mode) for each type
+SPECIALIZED = (2 + 3 + 3 + 2) * 5
+GENERIC = 4 * 2 * 3
 KERNELS_PER_ARCHITECTURE = 2 * (SPECIALIZED + GENERIC)
 # rmsnorm.cu's launch bounds: ptxas may use 65536 / (threads x min blocks) registers
-MAX_REGISTERS = {"warp": 48, "block": 64, "generic warp": 128, "generic block": 128}
-# ... but a Turing SM holds 1024 threads, fewer than the warp kernels' 10 blocks of 128: there
-# the bound asks for 8 blocks, 65536 / 1024 = 64 registers (and 64 is full occupancy)
-MAX_REGISTERS_BY_ARCH = {"sm_75": {**MAX_REGISTERS, "warp": 64}}
-# every kernel but the Generic fallbacks <= 64 registers, the Warp kernels <= 48 (the occupancy
-# rmsnorm.cu's launch bounds plan for)
-BUDGET = {"warp": 48, "block": 64}
+MAX_REGISTERS = {
+    "warp": 48,
+    "multiwarp": 40,
+    "block": 64,
+    "generic warp": 128,
+    "generic multiwarp": 128,
+    "generic block": 128,
+}
+# ... but a Turing SM holds 1024 threads, fewer than the warp kernels' 10 blocks of 128 or the
+# MultiWarp kernels' 3 of 512: there the bound asks for 1024 threads, 64 registers (full
+# occupancy)
+MAX_REGISTERS_BY_ARCH = {"sm_75": {**MAX_REGISTERS, "warp": 64, "multiwarp": 64}}
+# every kernel but the Generic fallbacks <= 64 registers, the Warp kernels <= 48 and the new
+# ladder's MultiWarp kernels <= 40 (48 warps per SM: the occupancy rmsnorm.cu's launch bounds
+# plan for); float64 kernels (computing in float64) under the same budgets, no line of their own
+BUDGET = {"warp": 48, "multiwarp": 40, "block": 64}
 FAMILIES = ("generic", "no_scale", "scale_same", "scale_f32")  # launch_choice.h's Family
 TYPES = {"f": "float32", "6__half": "float16", "13__nv_bfloat16": "bfloat16", "d": "float64"}
 
@@ -80,10 +92,10 @@ class KernelUsage:
         return bool(m and m["skip"])
 
 
-# rmsnorm.cu: [Skip]RmsNorm[Generic](Warp|Block)Kernel<T, VEC, ITEMS[, Family]>; the words in the
-# names say which is which, so the budgets below need no template arguments
+# rmsnorm.cu: [Skip]RmsNorm[Generic](Warp|MultiWarp|Block)Kernel<T, VEC, ITEMS, Family>; the words
+# in the names say which is which, so the budgets below need no template arguments
 _KERNEL = re.compile(
-    r"(?P<skip>Skip)?RmsNorm(?P<generic>Generic)?(?P<mode>Warp|Block)KernelI(?P<type>\w+?)"
+    r"(?P<skip>Skip)?RmsNorm(?P<generic>Generic)?(?P<mode>MultiWarp|Warp|Block)KernelI(?P<type>\w+?)"
     r"Li(?P<vec>\d+)ELi(?P<items>\d+)E(?:LN\w+?6FamilyE(?P<family>\d)E)?"
 )
 
@@ -168,6 +180,30 @@ def test_register_budgets_at_sm_90(kernels):
     assert not over, "\n".join(over)
 
 
+def test_launch_path_calls_only_capture_safe_cuda_functions():
+    """The launcher (rmsnorm.cu) calls the CUDA runtime only in its driver policy, and only
+    functions a stream capture allows: no allocation, no synchronization, no copy (a host read of
+    device data). With the protocol's call counts (test_cuda_emulated.py::
+    test_launch_path_is_capture_safe_emulated), the launch path can be captured into a graph."""
+    source = (CUDA_SOURCES / "rmsnorm.cu").read_text()
+    called = set(re.findall(r"\b(cuda[A-Z]\w*)\s*\(", source))
+    assert called == {
+        "cudaGetDevice",
+        "cudaDeviceGetAttribute",
+        "cudaFuncSetAttribute",
+        "cudaLaunchKernelExC",
+        "cudaGetLastError",
+        "cudaGetErrorString",
+    }
+    driver = source[source.index("struct CudaDriver") :]
+    driver = driver[: driver.index("\n};")]
+    outside = source.replace(driver, "")
+    assert not re.findall(r"\bcuda[A-Z]\w*\s*\(", outside), "a CUDA call outside CudaDriver"
+    for name in ("primitives_cuda.cuh", "rmsnorm_kernel.h", "launch_protocol.h"):
+        text = (CUDA_SOURCES / name).read_text()
+        assert not re.findall(r"\bcuda(Malloc|Free|Memcpy|Memset|\w*Synchronize)", text), name
+
+
 def test_parser_reads_spills_and_registers():
     """The parser sees a spill and a register count over budget: the checks above can fail."""
     text = (
@@ -195,3 +231,10 @@ def test_parser_reads_spills_and_registers():
     g = KernelUsage(generic, "sm_75", 0, 0, 0, 100)
     assert g.name == "RMSNorm float32 vec1 items2 generic block generic"
     assert g.kind not in BUDGET
+    multi = (
+        "_ZN12rmsnorm_onnx4cuda12_GLOBAL__N_126SkipRmsNormMultiWarpKernelI6__halfLi8ELi2ELNS0_"
+        "6FamilyE2EEEvNS0_10KernelArgsE"
+    )
+    m = KernelUsage(multi, "sm_90", 0, 0, 0, 41)
+    assert m.name == "SkipRMSNorm float16 vec8 items2 multiwarp scale_same"
+    assert m.registers > BUDGET[m.kind]

@@ -159,10 +159,11 @@ def compiled_kernels(skip: bool) -> set[tuple]:
 
 @pytest.mark.parametrize("skip", [False, True], ids=["RMSNorm", "SkipRMSNorm"])
 def test_cases_reach_every_kernel_emulated(emu, skip):
-    """The runs, together, execute every kernel instantiation rmsnorm.cu compiles."""
+    """The runs, together, execute every kernel instantiation of the old table (the new table's:
+    test_cuda_emulated_ladder.py)."""
     reached = {(d, c.vec, c.mode, c.items, c.family, c.skip) for d, c in case_configs(emu, skip)}
     compiled = compiled_kernels(skip)
-    assert len(compiled) == 46  # test_cuda_build.py: 92 kernels per architecture, both ops
+    assert len(compiled) == 46  # test_cuda_build.py: 92 of its kernels per architecture
     assert reached == compiled, f"never run: {sorted(compiled - reached)}"
 
 
@@ -734,3 +735,27 @@ def test_launch_reports_its_own_error_emulated(emu):
     message, pending = emu.stale_error(launch_error=3)
     assert message == "fake driver: launch failed"
     assert pending == 0
+
+
+def test_launch_path_is_capture_safe_emulated(emu):
+    """The launch path can be captured into a CUDA graph (onnxruntime's enable_cuda_graph): it
+    makes no driver call but these five (launch_protocol.h's policy; rmsnorm.cu calls no other
+    CUDA function: test_cuda_build.py), asks the device's limit once and raises a kernel's
+    shared-memory limit once -- on the warm-up run -- and under capture only launches (and asks
+    the current device, which a capture allows)."""
+    before, during, failures = emu.capture_calls(warmup=4, captured=1000)
+    assert failures == 0
+    assert before == {
+        "get_device": 4 + 2,  # every call, and every long-row launch (limits are per device)
+        "shared_optin": 1,
+        "raise_shared_limit": 1,
+        "launch": 4,
+        "clear_last_error": 0,
+    }
+    assert during == {
+        "get_device": 1000 + 500,
+        "shared_optin": 0,
+        "raise_shared_limit": 0,
+        "launch": 1000,
+        "clear_last_error": 0,
+    }

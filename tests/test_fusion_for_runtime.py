@@ -80,6 +80,8 @@ def _reference(model: onnx.ModelProto, inputs) -> list[np.ndarray]:
 RUNS = {  # runtime -> how the test runs a file there (without our library or extension)
     "onnxruntime": lambda m, i: _onnxruntime(m, i, library=False),
     "onnxruntime-no-library": lambda m, i: _onnxruntime(m, i, library=False),
+    # a GPU's picks, run here on the CPU provider (the kernels are the CPU ones; the file the same)
+    "onnxruntime-cuda": lambda m, i: _onnxruntime(m, i, library=True),
     "openvino": _openvino,
     "reference": _reference,
     "onnxruntime-web": _web,  # WASM, in Node

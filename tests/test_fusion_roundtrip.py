@@ -19,7 +19,7 @@ from onnx.reference import ReferenceEvaluator
 from test_fusion_lower import CASES, F16, Case, assert_close, build, expected, feeds, lower_proto
 from test_fusion_lower import run_ort as run
 
-from rmsnorm_onnx import onnx_io
+from rmsnorm_onnx import onnx_io, op_schema
 from rmsnorm_onnx.fusion import TARGETS, fuse
 from rmsnorm_onnx.fusion.canonical import is_canonical
 from rmsnorm_onnx.fusion.driver import all_nodes
@@ -130,13 +130,17 @@ def test_real_exports_round_trip_through_every_target(exported, entry) -> None:
     fused = _step(original, "custom", original, norms, None)
     kinds = canonical_kinds(fused)
     assert sum(kinds.values()) == norms, kinds
+
+    def ours(target: str) -> bool:  # custom, and cuda's picks at these tiny hidden sizes
+        return TARGETS[target].op_type == op_schema.OP_TYPE
+
     others = [t for t in TARGETS if t != "custom"]
     for first in others:
-        one = _step(fused, first, original, norms, Counter())
+        one = _step(fused, first, original, norms, kinds if ours(first) else Counter())
         if first == "decomposed":
             _same_in_reference_evaluator(original, one)
         for second in [t for t in TARGETS if t != first]:
-            two = _step(one, second, original, norms, kinds if second == "custom" else Counter())
+            two = _step(one, second, original, norms, kinds if ours(second) else Counter())
             if second != "custom":
                 _step(two, "custom", original, norms, kinds)
 

@@ -2,9 +2,10 @@
 
 #if RMSNORM_ONNX_WITH_CUDA
 
+#include <cstdlib>
 #include <memory>
 
-#include "cuda/launch_params.h"
+#include "cuda/launch_choice.h"
 
 namespace rmsnorm_onnx {
 namespace {
@@ -14,6 +15,7 @@ struct State {
   OpKind kind;
   DType x_dtype;
   std::string label;
+  cuda::Ladder ladder;
 };
 
 // scale/bias on the device are read in place, so only (inner, period) broadcasts are possible.
@@ -41,6 +43,12 @@ OrtStatus* CudaKernel::Create(const OrtKernelInfo* info, OpKind kind, DType x_dt
     CheckInputTypes(ki, kind, x_dtype, state->label);
     state->kind = kind;
     state->x_dtype = x_dtype;
+    // read once per kernel (session), so one process can time both tables (launch_choice.h)
+    const char* ladder = std::getenv("RMSNORM_ONNX_CUDA_LADDER");
+    if (!cuda::ParseLadder(ladder, &state->ladder)) {
+      throw OpError{ORT_INVALID_ARGUMENT, state->label + ": RMSNORM_ONNX_CUDA_LADDER must be " +
+                                              "'old' or 'new', got '" + ladder + "'"};
+    }
     *out = state.release();
   });
 }
@@ -82,6 +90,7 @@ OrtStatus* CudaKernel::Compute(void* kernel, OrtKernelContext* context) noexcept
     params.skip = p.skip;  // nullptr for RMSNorm
     params.skip_map = p.skip_map;
     params.sum = p.sum;
+    params.ladder = s.ladder;
     if (const char* error = cuda::Launch(params, stream)) {
       throw OpError{ORT_FAIL, s.label + ": CUDA kernel launch failed: " + error};
     }

@@ -10,6 +10,9 @@ and what it can express.
                 only; a bias becomes an Add after it, a residual an Add in front; X and the
                 scale share a type.
 ``decomposed``  plain ONNX ops at the model's opset (the inverse of fusion): every variant.
+``cuda``        per norm, ``contrib``'s op where :mod:`rmsnorm_onnx.cuda_picks` lists it as faster
+                on a GPU for the norm's op, dtype and hidden size (and its contract fits the norm
+                as it is: no bias, the scale of X's type, epsilon inside), else ``custom``'s.
 
 All compute half inputs in float32 (``stash_type=1``), as the Cast-wrapped exports do. A new
 target is one :class:`Target` in :data:`TARGETS` (and its name in
@@ -23,7 +26,7 @@ from collections import Counter
 
 import onnx_ir as ir
 
-from .. import target_names
+from .. import cuda_picks, target_names
 from ..op_schema import MS_DOMAIN, ONNX_NORM, OP_TYPE, ORT_NORM, ORT_SKIP_NORM
 from . import skip
 from .dims import Dims
@@ -243,6 +246,30 @@ def _standard(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list
     return _norm_op(t, b, n, notes)
 
 
+def _ort_faster(n: Norm) -> cuda_picks.OrtFaster | None:
+    """The cuda_picks row sending this norm to onnxruntime's op, where that op takes the norm as
+    it is (an Add more, for a bias or a misfit skip, would cost what the pick gains)."""
+    hidden = n.x.shape[-1] if n.x.shape is not None and len(n.x.shape) else None
+    if not isinstance(hidden, int) or n.axis not in (-1, len(n.x.shape) - 1):
+        return None
+    if n.eps_outside or n.bias is not None or n.dtype is None:
+        return None
+    if n.scale is not None and n.scale.dtype != n.dtype:
+        return None
+    if n.skip is not None and _skip_op_misfit(n) is not None:
+        return None
+    op = "RMSNorm" if n.skip is None else "SkipRMSNorm"
+    return cuda_picks.ort_faster(op, n.dtype.numpy().name, hidden)  # "float16", ...
+
+
+def _cuda(t: Target, b: Builder, n: Norm, notes: Counter[str]) -> tuple[list[ir.Value], str]:
+    pick = _ort_faster(n)
+    if pick is None:
+        return _custom(t, b, n, notes)
+    notes[f"onnxruntime's op, measured faster on a GPU for {pick}"] += 1
+    return _contrib(TARGETS["contrib"], b, n, notes)
+
+
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
@@ -257,6 +284,7 @@ TARGETS: dict[str, Target] = {
             opset=STANDARD_OPSET,
         ),
         Target("decomposed", _decomposed, op_type=None, eps_outside=True),
+        Target("cuda", _cuda, op_type=OP_TYPE, eps_outside=True),
     )
 }
 

@@ -1,9 +1,10 @@
 // From a LaunchConfig (runtime values) to one compiled instantiation of the kernel body:
 // shared by the CUDA launcher and the emulation, so both run the same set of kernels.
 //
-// Compiled: per X type, the specialized families (full vectors only; warp mode with 1 or 2
-// vectors per lane, block mode with 2) and Generic (full vectors or element-wide; 2 vectors per
-// lane), each for RMSNorm and SkipRMSNorm.
+// Compiled: per X type, the specialized families (full vectors only; warp mode and MultiWarp with
+// 1 or 2 vectors per lane, block mode with 2) and Generic (full vectors or element-wide; 2 vectors
+// per lane in each mode), each for RMSNorm and SkipRMSNorm. MultiWarp is the new ladder's
+// (launch_choice.h).
 #pragma once
 #include <type_traits>
 
@@ -26,12 +27,22 @@ bool DispatchItems(const LaunchConfig& c, Fn& f) {
     return true;
   };
   using Warp = std::integral_constant<Mode, Mode::kWarp>;
+  using MultiWarp = std::integral_constant<Mode, Mode::kMultiWarp>;
   using Block = std::integral_constant<Mode, Mode::kBlock>;
+  using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, kRegisterItems>;
-  if (c.mode == Mode::kBlock) return c.items == kRegisterItems && run(Two{}, Block{});
-  if (c.items == kRegisterItems) return run(Two{}, Warp{});
-  if constexpr (F != Family::kGeneric) {
-    if (c.items == 1) return run(std::integral_constant<int, 1>{}, Warp{});
+  constexpr bool kGeneric = F == Family::kGeneric;
+  auto one_or_two = [&](auto mode) {
+    if (c.items == kRegisterItems) return run(Two{}, mode);
+    if constexpr (!kGeneric) {
+      if (c.items == 1) return run(One{}, mode);
+    }
+    return false;
+  };
+  switch (c.mode) {
+    case Mode::kBlock: return c.items == kRegisterItems && run(Two{}, Block{});
+    case Mode::kWarp: return one_or_two(Warp{});
+    case Mode::kMultiWarp: return one_or_two(MultiWarp{});
   }
   return false;
 }

@@ -69,6 +69,10 @@ struct FakeDriver {
     *device = 0;
     return 0;
   }
+  int SharedOptin(int, int* bytes) {
+    *bytes = 227 * 1024;
+    return 0;
+  }
   int RaiseSharedLimit(const void* kernel, int bytes) {
     ++raises;
     std::lock_guard<std::mutex> lock(mutex);
@@ -99,6 +103,35 @@ struct FakeDriver {
   }
 };
 
+// FakeDriver counting each call of the launch path by kind (kCalls), apart before and during a
+// stream capture.
+struct RecordingDriver : FakeDriver {
+  enum Call { kGetDevice, kSharedOptin, kRaise, kLaunch, kClearLastError, kCalls };
+  bool capturing = false;
+  int64_t calls[2][kCalls] = {};
+  void Count(Call c) { ++calls[capturing][c]; }
+  int GetDevice(int* device) {
+    Count(kGetDevice);
+    return FakeDriver::GetDevice(device);
+  }
+  int SharedOptin(int device, int* bytes) {
+    Count(kSharedOptin);
+    return FakeDriver::SharedOptin(device, bytes);
+  }
+  int RaiseSharedLimit(const void* kernel, int bytes) {
+    Count(kRaise);
+    return FakeDriver::RaiseSharedLimit(kernel, bytes);
+  }
+  int Launch(const void* kernel, const LaunchConfig& c, const KernelArgs& a, void* stream) {
+    Count(kLaunch);
+    return FakeDriver::Launch(kernel, c, a, stream);
+  }
+  void ClearLastError() {
+    Count(kClearLastError);
+    FakeDriver::ClearLastError();
+  }
+};
+
 }  // namespace
 }  // namespace rmsnorm_onnx::cuda
 
@@ -123,6 +156,8 @@ struct RmsnormEmulatedParams {
   int32_t lead_rank;
   int64_t y_lead[rmsnorm_onnx::kMaxRowDims], x_lead[rmsnorm_onnx::kMaxRowDims],
       skip_lead[rmsnorm_onnx::kMaxRowDims];
+  int32_t ladder;       // launch_params.h's Ladder
+  int64_t decode_rows;  // the new ladder's decode rung: at most this many rows (< 0: default)
 };
 
 // Mirrors LaunchConfig for ctypes, with what a run did.
@@ -155,6 +190,8 @@ static bool ToParams(const RmsnormEmulatedParams& e, rmsnorm_onnx::cuda::Params*
   p.bias_period = e.bias_period;
   p.epsilon = e.epsilon;
   p.eps_outside = e.eps_outside != 0;
+  if (e.ladder != 0 && e.ladder != 1) return false;
+  p.ladder = static_cast<rmsnorm_onnx::cuda::Ladder>(e.ladder);
   if (e.lead_rank < 0 || e.lead_rank > rmsnorm_onnx::kMaxRowDims) return false;
   if (e.lead_rank == 0) {
     p.x_map.rows = e.rows;
@@ -164,6 +201,10 @@ static bool ToParams(const RmsnormEmulatedParams& e, rmsnorm_onnx::cuda::Params*
   const std::vector<int64_t> y(e.y_lead, e.y_lead + e.lead_rank);
   return rmsnorm_onnx::MakeRowMap(y, {e.x_lead, e.x_lead + e.lead_rank}, &p.x_map) &&
          rmsnorm_onnx::MakeRowMap(y, {e.skip_lead, e.skip_lead + e.lead_rank}, &p.skip_map);
+}
+
+static int64_t DecodeRows(const RmsnormEmulatedParams& e) {
+  return e.decode_rows < 0 ? rmsnorm_onnx::cuda::kDecodeRows : e.decode_rows;
 }
 
 static void ExportConfig(const LaunchConfig& c, RmsnormEmulatedConfig* out) {
@@ -186,7 +227,9 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_config(
     RmsnormEmulatedConfig* out) {
   rmsnorm_onnx::cuda::Params p;
   if (params == nullptr || out == nullptr || !ToParams(*params, &p)) return -1;
-  ExportConfig(rmsnorm_onnx::cuda::ChooseLaunchConfig(p, max_smem_bytes, max_grid), out);
+  ExportConfig(rmsnorm_onnx::cuda::ChooseLaunchConfig(p, max_smem_bytes, max_grid,
+                                                     DecodeRows(*params)),
+               out);
   return 0;
 }
 
@@ -208,7 +251,8 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
     return -1;
   }
   if (p.rows == 0 || p.cols == 0) return 0;
-  const LaunchConfig config = rc::ChooseLaunchConfig(p, max_smem_bytes, max_grid);
+  const LaunchConfig config =
+      rc::ChooseLaunchConfig(p, max_smem_bytes, max_grid, DecodeRows(*params));
   const size_t es = ElementBytes(p.x_type);
   const size_t bytes = static_cast<size_t>(p.rows * p.cols) * es;
   const size_t x_bytes = static_cast<size_t>(p.x_map.rows * p.cols) * es;
@@ -240,6 +284,13 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
   return 0;
 }
 
+// ParseLadder (RMSNORM_ONNX_CUDA_LADDER's value, as the op reads it): the Ladder, or -1.
+__attribute__((visibility("default"))) int rmsnorm_onnx_emulated_parse_ladder(const char* value) {
+  rmsnorm_onnx::cuda::Ladder ladder;
+  if (!rmsnorm_onnx::cuda::ParseLadder(value, &ladder)) return -1;
+  return static_cast<int>(ladder);
+}
+
 // launch_protocol.h's shared-memory limit under racing launches: `threads` threads each launch
 // `launches` times, alternating between a long-row configuration over the default shared-memory
 // limit and a larger one, all on one kernel and device (a limit set per launch let one thread
@@ -266,6 +317,33 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_shared_limit_ra
   *raises = driver.raises;
   *failures = driver.failures;
   *limit = driver.limit.count(&kernel) ? driver.limit[&kernel] : -1;
+  return 0;
+}
+
+// rmsnorm.cu's launch path (the device's limit from DeviceLimits, then LaunchKernel), `warmup`
+// launches and then `captured` more with the driver capturing, alternating long-row launches
+// (over the default shared-memory limit) and short ones on two kernels. Out: the driver calls of
+// each kind (RecordingDriver::Call order) before and during the capture, and the failures.
+__attribute__((visibility("default"))) int rmsnorm_onnx_emulated_capture_calls(
+    int32_t warmup, int32_t captured, int64_t* before, int64_t* during, int64_t* failures) {
+  namespace rc = rmsnorm_onnx::cuda;
+  rc::RecordingDriver driver;
+  rc::SharedLimitRegistry registry;
+  rc::DeviceLimits limits;
+  static const int kernels[2] = {};  // any addresses stand for kernels
+  for (int i = 0; i < warmup + captured; ++i) {
+    driver.capturing = i >= warmup;
+    int max_smem = 0;
+    if (limits.MaxDynamicShared(driver, &max_smem) != 0) return -1;
+    LaunchConfig c;
+    c.smem_bytes = i % 2 ? max_smem : 0;
+    rc::LaunchKernel(driver, registry, &kernels[i % 2], c, rc::KernelArgs{}, max_smem, nullptr);
+  }
+  for (int k = 0; k < rc::RecordingDriver::kCalls; ++k) {
+    before[k] = driver.calls[0][k];
+    during[k] = driver.calls[1][k];
+  }
+  *failures = driver.failures;
   return 0;
 }
 

@@ -4,6 +4,7 @@
 // tests run exactly the configurations a GPU would get. Plain C++: no CUDA header needed.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #include "buffer_overlap.h"
 #include "cuda/launch_params.h"
@@ -18,6 +19,9 @@ enum class Mode : int {
   kBlock = 1,  // one block per row (64..1024 threads): ITEMS vectors per thread in registers,
                // the rest of a long row parked in dynamic shared memory, what still does not
                // fit read a second time (from L2) in the normalize pass
+  kMultiWarp = 2,  // a row per `lanes` threads (2..16 warps), 128 / lanes rows per block of 128
+                   // (one row per block past 128 lanes): the whole row in registers, shuffles
+                   // then one barrier; no dynamic shared memory (the new ladder's rungs)
 };
 
 // What the kernel knows at compile time about scale and bias. Specialized kernels need every row
@@ -57,6 +61,15 @@ constexpr int kMaxGenericThreads = 512;  // Generic's runtime switches need more
 constexpr int kStaticSharedBytes = 4 * kWarpSize * 8;
 constexpr int kDefaultSharedBytes = 48 * 1024 - kStaticSharedBytes;  // without opt-in
 constexpr int64_t kMaxGrid = 0x7fffffff;  // gridDim.x limit
+// The new ladder (Ladder::kNew), after FlashInfer's and quack's: 128-thread blocks of several rows,
+// the row in registers (kLadderItems 16-byte vectors per thread), shuffles and one barrier, the
+// scale read where it is used, within 40 registers (48 warps per SM; 4 vectors per thread took
+// 56-72). So rows of up to 1 KB keep the small-row warp kernels, 2 KB rows get 2 warps (2 rows
+// per block), 4 KB 4 warps, up to 16 warps for 16 KB rows (hidden 8192 in 16 bits); longer rows
+// take the block kernel. Few rows (decode) get one vector per thread: more threads per row.
+constexpr int kLadderItems = kRegisterItems;
+constexpr int kMaxLadderThreads = 512;  // the MultiWarp kernels' launch bound (rmsnorm.cu)
+constexpr int64_t kDecodeRows = 64;     // at most this many rows: the decode rung
 
 inline uintptr_t Addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
@@ -101,49 +114,113 @@ inline Family ChooseFamily(const Params& p, int vec) {
   return p.scale_type == p.x_type ? Family::kScaleSame : Family::kScaleF32;
 }
 
-// The configuration for a launch. `max_smem_bytes`: dynamic shared memory a block may use on the
-// device (opt-in limit less kStaticSharedBytes). `max_grid` caps the blocks launched (tests lower
-// it to exercise the row-striding loop).
+// Small rows (<= 64 vectors, both ladders): as many lanes as the row has vectors (rounded up to a
+// power of two), so every lane loads; 32 / lanes rows per warp. A block-wide reduction would cost
+// more than the row.
+inline void ChooseSmallRows(int64_t vectors, bool generic, LaunchConfig& c) {
+  c.mode = Mode::kWarp;
+  c.items = generic || vectors > kWarpSize ? kRegisterItems : 1;
+  c.lanes = NextPow2(CeilDiv(vectors, c.items));
+  // Generic: lanes 0..vec-2 hold the row's head and tail scalars (each < vec)
+  if (generic && c.lanes < c.vec) c.lanes = c.vec;
+  if (c.lanes > kWarpSize) c.lanes = kWarpSize;
+  c.threads = kWarpModeThreads;
+  c.rows_per_block = kWarpModeThreads / c.lanes;
+}
+
+// One block per row, as large as the row needs for 2 vectors per thread; longer rows park their
+// other vectors in shared memory, as many as the device allows.
+inline void ChooseBlock(int64_t vectors, bool generic, int pack_bytes, int max_smem_bytes,
+                        LaunchConfig& c) {
+  c.mode = Mode::kBlock;
+  c.items = kRegisterItems;
+  const int max_threads = generic ? kMaxGenericThreads : kMaxThreads;
+  const int64_t want = NextPow2(CeilDiv(vectors, c.items));
+  c.threads = static_cast<int>(want < kMinBlockThreads ? kMinBlockThreads
+                               : want > max_threads    ? max_threads
+                                                       : want);
+  c.lanes = c.threads;
+  const int64_t rest = vectors - int64_t{c.items} * c.threads;
+  if (rest > 0) {
+    const int64_t fit = max_smem_bytes / pack_bytes;
+    c.smem_bytes = static_cast<int>((rest < fit ? rest : fit) * pack_bytes);
+  }
+}
+
+// The new ladder's rungs past the small rows; false where the row is too long for them.
+inline bool ChooseLadderRung(int64_t vectors, int64_t rows, int64_t decode_rows, bool generic,
+                             LaunchConfig& c) {
+  // decode: one vector per thread, so a few rows spread over as many threads as they have vectors
+  const bool decode = rows <= decode_rows && !generic && vectors <= kMaxLadderThreads;
+  c.items = decode ? 1 : kLadderItems;
+  const int64_t lanes = NextPow2(CeilDiv(vectors, c.items));  // > 32: the row has > 64 vectors
+  if (lanes > kMaxLadderThreads) return false;
+  c.mode = Mode::kMultiWarp;
+  c.lanes = static_cast<int>(lanes);
+  c.threads = c.lanes < kWarpModeThreads ? kWarpModeThreads : c.lanes;
+  c.rows_per_block = c.threads / c.lanes;
+  return true;
+}
+
+// The configuration for a launch, from the table p.ladder names. `max_smem_bytes`: dynamic
+// shared memory a block may use on the device (opt-in limit less kStaticSharedBytes).
+// `max_grid` caps the blocks launched (tests lower it to exercise the row-striding loop);
+// `decode_rows`: the most rows the new ladder's decode rung takes (tests vary it to run both
+// rungs on few rows).
 inline LaunchConfig ChooseLaunchConfig(const Params& p, int max_smem_bytes = kDefaultSharedBytes,
-                                       int64_t max_grid = kMaxGrid) {
+                                       int64_t max_grid = kMaxGrid,
+                                       int64_t decode_rows = kDecodeRows) {
   LaunchConfig c;
   c.vec = VectorWidth(p);
   c.family = ChooseFamily(p, c.vec);
   c.skip = p.skip != nullptr;
   const bool generic = c.family == Family::kGeneric;
-  const int pack_bytes = c.vec * ElementBytes(p.x_type);
   const int64_t vectors = p.cols / c.vec;  // whole vectors in a row at most
   if (vectors <= int64_t{kWarpSize} * kRegisterItems) {
-    // Small rows: as many lanes as the row has vectors (rounded up to a power of two), so every
-    // lane loads; 32 / lanes rows per warp. A block-wide reduction would cost more than the row.
-    c.mode = Mode::kWarp;
-    c.items = generic || vectors > kWarpSize ? kRegisterItems : 1;
-    c.lanes = NextPow2(CeilDiv(vectors, c.items));
-    // Generic: lanes 0..vec-2 hold the row's head and tail scalars (each < vec)
-    if (generic && c.lanes < c.vec) c.lanes = c.vec;
-    if (c.lanes > kWarpSize) c.lanes = kWarpSize;
-    c.threads = kWarpModeThreads;
-    c.rows_per_block = kWarpModeThreads / c.lanes;
-  } else {
-    // One block per row, as large as the row needs for 2 vectors per thread; longer rows park
-    // their other vectors in shared memory, as many as the device allows.
-    c.mode = Mode::kBlock;
-    c.items = kRegisterItems;
-    const int max_threads = generic ? kMaxGenericThreads : kMaxThreads;
-    const int64_t want = NextPow2(CeilDiv(vectors, c.items));
-    c.threads = static_cast<int>(want < kMinBlockThreads ? kMinBlockThreads
-                                 : want > max_threads    ? max_threads
-                                                         : want);
-    c.lanes = c.threads;
-    const int64_t rest = vectors - int64_t{c.items} * c.threads;
-    if (rest > 0) {
-      const int64_t fit = max_smem_bytes / pack_bytes;
-      c.smem_bytes = static_cast<int>((rest < fit ? rest : fit) * pack_bytes);
-    }
+    ChooseSmallRows(vectors, generic, c);
+  } else if (p.ladder != Ladder::kNew || !ChooseLadderRung(vectors, p.rows, decode_rows, generic, c)) {
+    ChooseBlock(vectors, generic, c.vec * ElementBytes(p.x_type), max_smem_bytes, c);
   }
   const int64_t blocks = CeilDiv(p.rows, c.rows_per_block);
   c.grid = blocks < max_grid ? blocks : max_grid;
   return c;
+}
+
+// Whether the kernels can run `c` for `p` as chosen (a configuration given from outside, as a
+// benchmark gives one, or a bug in the choice): the row held where the mode needs it whole.
+inline bool ConfigHolds(const Params& p, const LaunchConfig& c) {
+  if (c.vec < 1 || c.threads < kWarpSize || c.threads > kMaxThreads || c.threads % kWarpSize ||
+      c.lanes < 1 || c.rows_per_block < 1 || c.grid < 1 || c.items < 1)
+    return false;
+  if (c.vec != VectorWidth(p) || c.family != ChooseFamily(p, c.vec) || c.skip != (p.skip != nullptr))
+    return false;
+  if (c.family == Family::kGeneric && c.lanes < c.vec) return false;  // head and tail lanes
+  const int64_t vectors = p.cols / c.vec;
+  if (c.mode == Mode::kBlock) return c.lanes == c.threads && c.rows_per_block == 1;
+  if (c.mode == Mode::kWarp && (c.lanes > kWarpSize || kWarpSize % c.lanes)) return false;
+  if (c.smem_bytes != 0 || c.lanes * c.rows_per_block != c.threads) return false;
+  if (c.mode == Mode::kMultiWarp && (c.lanes % kWarpSize || c.threads > kMaxLadderThreads))
+    return false;
+  return int64_t{c.items} * c.lanes >= vectors;
+}
+
+// Launch (launch_params.h) with a configuration chosen by the caller (a benchmark timing several
+// for one launch), refused unless ConfigHolds. Defined in rmsnorm.cu (CUDA builds only).
+const char* LaunchWithConfig(const Params& p, const LaunchConfig& config, void* stream);
+
+// RMSNORM_ONNX_CUDA_LADDER's value: "old" or "new" (unset or empty: the default); false for
+// anything else.
+inline bool ParseLadder(const char* value, Ladder* out) {
+  if (value == nullptr || *value == '\0') {
+    *out = Ladder::kOld;
+  } else if (std::strcmp(value, "old") == 0) {
+    *out = Ladder::kOld;
+  } else if (std::strcmp(value, "new") == 0) {
+    *out = Ladder::kNew;
+  } else {
+    return false;
+  }
+  return true;
 }
 
 // Whether every output row maps to a row of the input's `m.rows` (rows > 0 only).

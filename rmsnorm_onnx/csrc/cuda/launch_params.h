@@ -8,6 +8,11 @@
 
 namespace rmsnorm_onnx::cuda {
 
+// Which table picks the kernel and launch shape (launch_choice.h): kOld, the kernels measured on
+// the H100 (2026-11-26); kNew, the warp-per-row ladder (unmeasured on a GPU until a run A/Bs
+// them). The op reads RMSNORM_ONNX_CUDA_LADDER when a kernel is created (ParseLadder).
+enum class Ladder : int { kOld = 0, kNew = 1 };
+
 // One RMSNorm or SkipRMSNorm launch over a [rows, cols] view of Y (cols = prod(X.shape[axis:])).
 // SkipRMSNorm (skip != nullptr) normalizes S = X + skip, rounded to X's type, instead of X, and
 // stores S where `sum` points (when the graph asks for it).
@@ -34,6 +39,7 @@ struct Params {
   const void* skip = nullptr;  // nullptr: plain RMSNorm
   RowMap skip_map;
   void* sum = nullptr;         // S, [rows, cols] as Y; nullptr when not requested
+  Ladder ladder = Ladder::kOld;
 };
 
 // Enqueues the kernel on `stream` (a cudaStream_t) without synchronizing or allocating.

@@ -4,11 +4,17 @@
 //
 // D provides (int error codes, 0 = success):
 //   int GetDevice(int* device);
+//   int SharedOptin(int device, int* bytes);  // cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)
 //   int RaiseSharedLimit(const void* kernel, int bytes);  // cudaFuncSetAttribute(MaxDynamicShm)
 //   int Launch(const void* kernel, const LaunchConfig&, const KernelArgs&, void* stream);
 //   void ClearLastError();                                // cudaGetLastError, result dropped
 //   const char* ErrorString(int error);
+// and nothing else: the launch path allocates nothing, synchronizes nothing and reads no device
+// memory, so it can be captured into a CUDA graph; the attributes (the device's limit, a kernel's
+// raised shared-memory limit) are asked or set once, not per launch
+// (tests/test_cuda_emulated.py::test_launch_path_is_capture_safe_emulated).
 #pragma once
+#include <atomic>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -38,6 +44,33 @@ class SharedLimitRegistry {
  private:
   std::mutex mutex_;
   std::vector<std::pair<const void*, int>> done_;
+};
+
+// Dynamic shared memory a block may opt into on each device, less the kernels' static slots;
+// asked of the driver once per device (this runs on every op call).
+class DeviceLimits {
+ public:
+  template <class D>
+  int MaxDynamicShared(D& driver, int* bytes) {
+    int device = 0;
+    if (const int e = driver.GetDevice(&device)) return e;
+    const bool cached = device >= 0 && device < kMaxDevices;
+    if (cached) {
+      if (const int known = limit_[device].load(std::memory_order_relaxed); known > 0) {
+        *bytes = known;
+        return 0;
+      }
+    }
+    int optin = 0;
+    if (const int e = driver.SharedOptin(device, &optin)) return e;
+    *bytes = optin - kStaticSharedBytes;
+    if (cached) limit_[device].store(*bytes, std::memory_order_relaxed);
+    return 0;
+  }
+
+ private:
+  static constexpr int kMaxDevices = 64;
+  std::atomic<int> limit_[kMaxDevices] = {};
 };
 
 // Launches `kernel`; nullptr on success, else the launch's own error. `max_smem_bytes`: the

@@ -14,40 +14,13 @@
 #include <utility>
 
 #include "cuda/launch_choice.h"
-
-#if defined(__CUDACC__)
-#define RMSNORM_DEVICE __device__ __forceinline__
-#define RMSNORM_UNROLL _Pragma("unroll")
-#define RMSNORM_NO_UNROLL _Pragma("unroll 1")
-#else
-#define RMSNORM_DEVICE inline
-#define RMSNORM_UNROLL
-#define RMSNORM_NO_UNROLL
-#endif
+#include "cuda/row_reduce.h"
 
 namespace rmsnorm_onnx::cuda {
 
 // The compute type of storage T.
 template <class P, typename T>
 using ComputeOf = decltype(P::ToFloat(std::declval<T>()));
-
-// The largest finite value of a compute type, and its smallest normal one.
-template <typename C>
-RMSNORM_DEVICE C MaxFinite() {
-  if constexpr (sizeof(C) == 8) {
-    return 1.7976931348623157e308;
-  } else {
-    return 3.402823466e38f;
-  }
-}
-template <typename C>
-RMSNORM_DEVICE C MinNormal() {
-  if constexpr (sizeof(C) == 8) {
-    return 2.2250738585072014e-308;
-  } else {
-    return 1.175494351e-38f;
-  }
-}
 
 // N elements moved by one access of N * sizeof(T) bytes (16 for a full vector).
 template <typename T, int N>
@@ -74,7 +47,8 @@ struct KernelArgs {
   ParamRef scale, bias;
   int64_t rows = 0;
   int cols = 0;
-  int lanes = 32;        // threads per row (warp mode)
+  int lanes = 32;        // threads per row (warp and MultiWarp modes: a power of two)
+  int lanes_shift = 5;   // log2(lanes): a row's threads found by shifts, not divisions
   int cache_vectors = 0; // vectors of a row the block parks in dynamic shared memory
   double inv_cols = 0.0;  // 1 / cols (rounded to the compute type where used): a multiply,
                           // where a float division would call ptxas's IEEE slow path (a call,
@@ -107,46 +81,13 @@ inline KernelArgs MakeKernelArgs(const Params& p, const LaunchConfig& c) {
   a.rows = p.rows;
   a.cols = static_cast<int>(p.cols);
   a.lanes = c.lanes;
+  a.lanes_shift = 0;
+  while ((1 << a.lanes_shift) < c.lanes) ++a.lanes_shift;
   a.cache_vectors = c.smem_bytes / (c.vec * ElementBytes(p.x_type));
   a.inv_cols = 1.0 / static_cast<double>(p.cols);
   a.epsilon = p.epsilon;
   a.eps_outside = p.eps_outside;
   return a;
-}
-
-// ----------------------------------------------------------------------------- reductions
-
-// Sum over aligned groups of `lanes` lanes of a warp by butterfly shuffles; every lane of a group
-// gets its group's total. All 32 lanes take part (the shuffles have a full mask).
-template <class P, typename C>
-RMSNORM_DEVICE C GroupSum(C v, int lanes) {
-  for (int mask = lanes / 2; mask > 0; mask /= 2) v += P::ShflXor(v, mask);
-  return v;
-}
-
-template <class P, typename C>
-RMSNORM_DEVICE C GroupMax(C v, int lanes) {
-  for (int mask = lanes / 2; mask > 0; mask /= 2) {
-    const C o = P::ShflXor(v, mask);
-    v = o > v ? o : v;
-  }
-  return v;
-}
-
-// Sum (or max) over the block: warp results meet in shared memory, then each warp combines them,
-// so every thread gets the same total after ONE barrier. Slot arrays alternate from row to row
-// (`slot` = parity, + 2 for the rare overflow path's max): a warp that races ahead to the next
-// row writes another array, and by the time it comes back to this one, a later barrier has
-// ordered every read of it.
-template <class P, bool MAX = false, typename C>
-RMSNORM_DEVICE C BlockReduce(C v, int slot) {
-  C* slots = static_cast<C*>(P::ReductionSlots()) + slot * kWarpSize;
-  v = MAX ? GroupMax<P>(v, kWarpSize) : GroupSum<P>(v, kWarpSize);
-  if (P::ThreadIdx() % kWarpSize == 0) slots[P::Warp()] = v;
-  P::SyncThreads();
-  const int warps = P::BlockDim() / kWarpSize;
-  const C mine = P::ThreadIdx() % kWarpSize < warps ? slots[P::ThreadIdx() % kWarpSize] : C(0);
-  return MAX ? GroupMax<P>(mine, kWarpSize) : GroupSum<P>(mine, kWarpSize);
 }
 
 // ----------------------------------------------------------------------------- element math
@@ -367,7 +308,10 @@ RMSNORM_DEVICE void ForBatches(int begin, int end, const Lane& l, Load&& load, U
 template <class P, typename T, int VEC, int ITEMS, Mode M, Family F>
 struct ScaleAhead {
   using S = ScaleType<T, F>;
-  static constexpr bool kScale = F == Family::kScaleSame || F == Family::kScaleF32;
+  // the new ladder's kernels (MultiWarp) read the scale where they use it, through the read-only
+  // path: 40 registers leave none to hold it
+  static constexpr bool kScale =
+      (F == Family::kScaleSame || F == Family::kScaleF32) && M != Mode::kMultiWarp;
   static constexpr int kHeld = kScale && (M == Mode::kBlock || ITEMS == 1) ? 1 : 0;
   Pack<S, VEC> held[kHeld > 0 ? kHeld : 1] = {};
 
@@ -527,7 +471,7 @@ RMSNORM_DEVICE void NormalizeAndStore(const KernelArgs& a, const RowView<T, VEC>
 // cannot overflow. The row is read again element by element (FetchScalarAgain), three times: its
 // largest magnitude, the scaled sum, the normalized store. Rows of the group that did not
 // overflow (a warp's other rows) take it too, unscaled.
-template <class P, typename T, int VEC, bool WARP, bool SKIP>
+template <class P, typename T, int VEC, Mode M, Family F, bool SKIP>
 RMSNORM_DEVICE void RescueRow(const KernelArgs& a, const RowView<T, VEC>& r, const Lane& l,
                               ComputeOf<P, T> ss) {
   using C = ComputeOf<P, T>;
@@ -537,7 +481,8 @@ RMSNORM_DEVICE void RescueRow(const KernelArgs& a, const RowView<T, VEC>& r, con
       SKIP && a.sum ? static_cast<const T*>(a.sum) + (r.y - static_cast<T*>(a.y)) : nullptr;
   // S of other lanes must be visible: the shuffles order no memory (a block's reduction had its
   // barrier)
-  if (WARP && s != nullptr) P::SyncWarp();
+  constexpr bool kWarp = M == Mode::kWarp;
+  if (kWarp && s != nullptr) P::SyncWarp();
   const int cols = r.active ? r.cols : 0;
   const bool overflow = ss > MaxFinite<C>();
   C m = 0;
@@ -546,8 +491,8 @@ RMSNORM_DEVICE void RescueRow(const KernelArgs& a, const RowView<T, VEC>& r, con
     const C mag = v < C(0) ? -v : v;
     m = mag > m ? mag : m;  // a NaN never wins (none here: ss would be NaN)
   }
-  // max slots: parity + 2 (see BlockReduce)
-  m = WARP ? GroupMax<P>(m, l.lanes) : BlockReduce<P, true>(m, l.parity + 2);
+  // max slots: parity + 2 (see RowReduce)
+  m = kWarp ? GroupMax<P>(m, l.lanes) : RowReduce<P, M, true>(m, l.parity + 2, l.lanes);
   C pre = 1;
   if (overflow && m <= MaxFinite<C>()) {  // an Inf in the row: ss stays Inf, as it must
     // 2^-k, k <= 126 (float), 1022 (double)
@@ -559,7 +504,7 @@ RMSNORM_DEVICE void RescueRow(const KernelArgs& a, const RowView<T, VEC>& r, con
     t += v * v;
   }
   // the first sum's slots again: every thread read them before the max's barrier
-  t = WARP ? GroupSum<P>(t, l.lanes) : BlockReduce<P>(t, l.parity);
+  t = kWarp ? GroupSum<P>(t, l.lanes) : RowReduce<P, M>(t, l.parity, l.lanes);
   if (overflow) ss = t;
   const C ms = ss * static_cast<C>(a.inv_cols);
   const C eps = a.epsilon;
@@ -568,10 +513,55 @@ RMSNORM_DEVICE void RescueRow(const KernelArgs& a, const RowView<T, VEC>& r, con
                                : P::Rsqrt(ms + eps * pre * pre);
   for (int c = l.rank; c < cols; c += l.lanes) {
     C o = FetchScalarAgain<P, T, VEC, SKIP>(r, s, c) * pre * rstd;
-    if (a.scale.ptr) o *= LoadParam<P, T>(a.scale, c);
-    if (a.bias.ptr) o += LoadParam<P, T>(a.bias, c);
+    if constexpr (F == Family::kGeneric) {
+      if (a.scale.ptr) o *= LoadParam<P, T>(a.scale, c);
+      if (a.bias.ptr) o += LoadParam<P, T>(a.bias, c);
+    } else if constexpr (F != Family::kNoScale) {  // a contiguous scale of a known type: no
+                                                   // broadcast arithmetic (registers)
+      o *= P::ToFloat(P::LoadReadOnly(static_cast<const ScaleType<T, F>*>(a.scale.ptr) + c));
+    }
     P::Store(r.y + c, P::template FromFloat<T>(o));
   }
+}
+
+// The same rescue for a row held whole in registers (MultiWarp): its largest magnitude and its
+// sum of squares scaled by 2^-k come from the registers, with no second read of the row (and
+// none of the scalar loops, which cost the 40-register kernels spills). Returns the factor that
+// takes the row to Y: 2^-k / RMS(2^-k row).
+template <class P, typename T, int VEC, int ITEMS, Mode M>
+RMSNORM_DEVICE ComputeOf<P, T> RescaledInverseRms(const KernelArgs& a, const RowView<T, VEC>& r,
+                                                  const Lane& l, const Pack<T, VEC> (&regs)[ITEMS],
+                                                  const Edges<ComputeOf<P, T>>& edges,
+                                                  ComputeOf<P, T> ss) {
+  using C = ComputeOf<P, T>;
+  const bool overflow = ss > MaxFinite<C>();
+  auto each = [&](auto&& f) {  // every value of this thread's share of the row
+    f(edges.head);
+    f(edges.tail);
+    RMSNORM_UNROLL
+    for (int i = 0; i < ITEMS; ++i) {
+      if (l.rank + i * l.lanes >= r.nvec) continue;
+      RMSNORM_UNROLL
+      for (int j = 0; j < VEC; ++j) f(P::ToFloat(regs[i].v[j]));
+    }
+  };
+  C m = 0;
+  each([&](C v) { m = (v < C(0) ? -v : v) > m ? (v < C(0) ? -v : v) : m; });
+  m = RowReduce<P, M, true>(m, l.parity + 2, l.lanes);
+  C pre = 1;
+  if (overflow && m <= MaxFinite<C>()) {  // an Inf in the row: ss stays Inf, as it must
+    // 2^-k, k <= 126 (float), 1022 (double)
+    for (C t = m; t >= C(2) && pre > MinNormal<C>(); t *= C(0.5)) pre *= C(0.5);
+  }
+  C t = 0;
+  each([&](C v) { t += (v * pre) * (v * pre); });
+  t = RowReduce<P, M>(t, l.parity, l.lanes);  // the first sum's slots: read before the max's
+  if (overflow) ss = t;
+  const C ms = ss * static_cast<C>(a.inv_cols);
+  const C eps = a.epsilon;
+  // eps scales with the row: sqrt(ms * 4^k + eps) = 2^k sqrt(ms + eps * 4^-k)
+  return pre * (a.eps_outside ? P::Reciprocal(P::Sqrt(ms) + eps * pre)
+                              : P::Rsqrt(ms + eps * pre * pre));
 }
 
 // ----------------------------------------------------------------------------- the kernel body
@@ -582,16 +572,19 @@ RMSNORM_DEVICE void RescueRow(const KernelArgs& a, const RowView<T, VEC>& r, con
 // and every thread of a block.
 template <class P, typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
 RMSNORM_DEVICE void NormRows(const KernelArgs& a) {
+  using C = ComputeOf<P, T>;
   constexpr bool kWarp = M == Mode::kWarp;
   const int tid = P::ThreadIdx();
   Lane l;
-  l.lanes = kWarp ? a.lanes : P::BlockDim();
-  l.rank = kWarp ? tid % l.lanes : tid;
+  constexpr bool kBlock = M == Mode::kBlock;
+  l.lanes = kBlock ? P::BlockDim() : a.lanes;
+  l.rank = kBlock ? tid : tid & (l.lanes - 1);
   l.parity = 0;
-  const int64_t per_block = kWarp ? P::BlockDim() / l.lanes : 1;
+  const int64_t per_block = kBlock ? 1 : P::BlockDim() >> a.lanes_shift;
+  // a warp leaves when its own rows are done; a block with barriers (MultiWarp) runs as one
   const int64_t first =
-      kWarp ? P::BlockIdx() * per_block + P::Warp() * (kWarpSize / l.lanes) : P::BlockIdx();
-  const int sub = kWarp ? (tid % kWarpSize) / l.lanes : 0;
+      P::BlockIdx() * per_block + (kWarp ? P::Warp() * (kWarpSize >> a.lanes_shift) : 0);
+  const int sub = kBlock ? 0 : (kWarp ? tid % kWarpSize : tid) >> a.lanes_shift;
   const int64_t stride = P::GridDim() * per_block;
   for (int64_t base = first; base < a.rows; base += stride, l.parity ^= 1) {
     const bool active = base + sub < a.rows;
@@ -599,23 +592,37 @@ RMSNORM_DEVICE void NormRows(const KernelArgs& a) {
         a, active ? base + sub : base, active, l);
     Pack<T, VEC> regs[ITEMS] = {};
     ScaleAhead<P, T, VEC, ITEMS, M, F> scale;
-    Edges<ComputeOf<P, T>> edges;
-    ComputeOf<P, T> ss = LoadAndSum<P, T, VEC, ITEMS, M, F, SKIP>(a, r, l, regs, scale, edges);
-    ss = kWarp ? GroupSum<P>(ss, l.lanes) : BlockReduce<P>(ss, l.parity);
+    Edges<C> edges;
+    C ss = LoadAndSum<P, T, VEC, ITEMS, M, F, SKIP>(a, r, l, regs, scale, edges);
+    // +Inf: overflowed (a NaN in the row stays NaN). A warp takes the rescue when any of its rows
+    // needs it (its shuffles need every lane), a MultiWarp block when any of its rows does.
+    bool any_over = false;
+    if constexpr (kWarp) {
+      ss = GroupSum<P>(ss, l.lanes);
+    } else {
+      ss = RowReduce<P, M>(ss, l.parity, l.lanes);
+      if (M == Mode::kMultiWarp && per_block > 1)
+        any_over = AnyRowOverflows<P, C>(l.parity, l.lanes);
+    }
     // keep the loaded words packed across the reduction (not unpacked to floats: twice the
     // registers)
     RMSNORM_UNROLL
     for (int i = 0; i < ITEMS; ++i) P::Opaque(regs[i]);
     scale.KeepPacked();
-    // +Inf: overflowed (a NaN in the row stays NaN). A warp takes the rescue when any of its rows
-    // needs it (its shuffles need every lane).
-    const bool overflow = ss > MaxFinite<ComputeOf<P, T>>();
-    if (kWarp ? P::AnySync(overflow) : overflow) {
-      RescueRow<P, T, VEC, kWarp, SKIP>(a, r, l, ss);
-      continue;
+    const bool overflow = ss > MaxFinite<C>();
+    C rstd;
+    if constexpr (M == Mode::kMultiWarp) {
+      rstd = overflow || any_over
+                 ? RescaledInverseRms<P, T, VEC, ITEMS, M>(a, r, l, regs, edges, ss)
+                 : InverseRms<P>(a, ss);
+    } else {
+      if (kWarp ? P::AnySync(overflow) : overflow) {
+        RescueRow<P, T, VEC, M, F, SKIP>(a, r, l, ss);
+        continue;
+      }
+      rstd = InverseRms<P>(a, ss);
     }
-    NormalizeAndStore<P, T, VEC, ITEMS, M, F, SKIP>(a, r, l, regs, scale, edges,
-                                                    InverseRms<P>(a, ss));
+    NormalizeAndStore<P, T, VEC, ITEMS, M, F, SKIP>(a, r, l, regs, scale, edges, rstd);
   }
 }
 
