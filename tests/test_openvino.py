@@ -146,8 +146,6 @@ def test_openvino_matches_the_reference(cores, rng, form, dtype, variant, op, ax
     model, inputs, y, s = case(dtype, variant, op, axis, True, rng)
     op_functions.attach(model)
     if form == "decomposed":
-        if dtype == "float64":
-            pytest.xfail("the pass's double norms are the fusion's (branch h/fusion)")
         model, _ = fuse(model, target="decomposed")
         assert not any(n.domain == op_schema.DOMAIN for n in model.graph.node)
     check(run(compile_model(cores[form != "decomposed"], model), inputs), dtype, y, s)
