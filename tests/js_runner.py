@@ -19,7 +19,7 @@ JS_DIR = Path(__file__).resolve().parent / "js"
 BACKENDS = ("node", "web")  # onnxruntime-node (native CPU), onnxruntime-web (WASM)
 PACKAGES = {"node": "onnxruntime-node", "web": "onnxruntime-web"}
 REQUIRE_ENV = "RMSNORM_ONNX_REQUIRE_NODE"  # set (CI): a missing Node or package fails, not skips
-_DTYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int32}
+_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
 
 
 def missing() -> str | None:

@@ -12,7 +12,8 @@
 const fs = require('fs');
 const path = require('path');
 
-const ARRAYS = { float32: Float32Array, int64: BigInt64Array, int32: Int32Array };
+// float16 travels as its bits (Node 20 has no Float16Array; onnxruntime-js takes Uint16Array)
+const ARRAYS = { float32: Float32Array, float16: Uint16Array, int64: BigInt64Array, int32: Int32Array };
 
 function readInputs(ort, dir) {
   const meta = JSON.parse(fs.readFileSync(path.join(dir, 'inputs.json'), 'utf8'));
