@@ -95,8 +95,19 @@ def url(bare: Path):
             p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
         ),
     }
-    # a local cluster of its own (never one found running), no dashboard
-    ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env})
+    # Serve's controller reads these when Ray starts it: its HTTP proxy's 5 s readiness check
+    # failed three times in a row on a loaded 2-core machine (the proxy was killed, the test
+    # errored); a slow start is not what this test measures
+    for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+        os.environ.setdefault(name, "60")
+    # a local cluster of its own (never one found running), on loopback only, no dashboard
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        runtime_env={"env_vars": env},
+        _node_ip_address="127.0.0.1",
+    )
     try:
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
