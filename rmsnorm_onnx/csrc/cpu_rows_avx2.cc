@@ -203,7 +203,8 @@ double SumSquares(const typename E::T* x, int64_t n, const typename E::T* ahead 
 }
 
 // The SkipRMSNorm row source: s = x + skip (in float32, rounded once to R, skip's type: the
-// correctly rounded sum; R float32 with a half X: not rounded at all), written to `buf` (the second pass reads it from cache) and, when kSum, to the output S
+// correctly rounded sum; R float32 with a half X: not rounded at all), written to `buf` (the
+// second pass reads it from cache) and, when kSum, to the output S
 // (streamed when kStream: a line at a time after a head that aligns S to a line, as ScaleRow
 // writes y; with y and S so written, 2048x4096 in ORT on 2 threads went from 0.90x to 1.03x the
 // copy's bandwidth in fp32, 0.71x to 0.76x in fp16), and the sum of squares of the rounded s.
