@@ -14,21 +14,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_models import Decoder  # noqa: E402 (after the importorskips, as hf_models needs)
+
 FLOAT16_MAX = 65504.0
 LAYERS = 3
 _IDS = (2, 8)  # batch, sequence of the example input
-
-
-class _Hidden(torch.nn.Module):
-    """A base model as one function of token ids: its last hidden state (after the final norm)."""
-
-    def __init__(self, model) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        mask = torch.ones_like(ids)
-        return self.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
 
 
 def _gemma():
@@ -51,7 +41,7 @@ def _gemma():
         for layer in model.layers:
             layer.post_attention_layernorm.weight.fill_(12000)
             layer.post_feedforward_layernorm.weight.fill_(12000)
-    return _Hidden(model), model
+    return Decoder(model), model
 
 
 class T5Like(torch.nn.Module):
