@@ -8,7 +8,6 @@ raw bytes it reads, and reads back its outputs. The npm packages are pinned by
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,14 +33,11 @@ def missing() -> str | None:
 
 def skip_unless_installed() -> None:
     """Skip the calling test where Node or the packages are missing; fail under REQUIRE_ENV."""
-    import pytest
+    import required
 
     why = missing()
-    if why is None:
-        return
-    if os.environ.get(REQUIRE_ENV):
-        pytest.fail(f"Node is required here ({REQUIRE_ENV} is set): {why}", pytrace=False)
-    pytest.skip(why)
+    if why is not None:
+        required.unavailable(why, REQUIRE_ENV, module_level=False)
 
 
 def write_inputs(folder: Path, feeds: dict[str, np.ndarray]) -> None:

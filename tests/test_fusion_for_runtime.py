@@ -7,7 +7,6 @@ Node has the npm packages of tests/js (`npm ci` there); the cases of the runtime
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import js_runner
 import numpy as np
 import onnx
 import pytest
+import required
 from fusion_graphs import (
     Residual,
     Variant,
@@ -47,12 +47,8 @@ def _onnxruntime(model: onnx.ModelProto, inputs, library: bool) -> list[np.ndarr
 
 
 def _openvino(model: onnx.ModelProto, inputs) -> list[np.ndarray]:
-    try:
-        import openvino as ov
-    except ImportError as e:
-        if os.environ.get("RMSNORM_ONNX_REQUIRE_OPENVINO"):  # its CI venv runs this file too
-            pytest.fail(f"openvino is required here: {e}", pytrace=False)
-        pytest.skip(f"openvino is not installed: {e}")
+    # (OpenVINO's CI venv runs this file too)
+    ov = required.tool("openvino", "RMSNORM_ONNX_REQUIRE_OPENVINO", module_level=False)
     core = ov.Core()
     # float32 inside, whatever the CPU's bf16 units (the precision the forms compute in)
     config = {"INFERENCE_PRECISION_HINT": "f32"}

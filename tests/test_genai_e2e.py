@@ -11,26 +11,14 @@ skipping.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+import required
 from cli_support import run_cli
-
-try:
-    import onnxruntime_genai as og
-except ImportError as e:
-    if os.environ.get("RMSNORM_ONNX_REQUIRE_GENAI"):
-        pytest.fail(f"onnxruntime-genai is required here: {e}", pytrace=False)
-    pytest.skip(
-        f"onnxruntime-genai not installed ({e}); it shares a venv with rmsnorm_onnx[cpu], not "
-        "with onnxruntime-gpu",
-        allow_module_level=True,
-    )
-
 from genai_support import (
     EPS,
     MS,
@@ -44,6 +32,12 @@ from genai_support import (
 from rmsnorm_onnx import reference
 from rmsnorm_onnx.genai_folder import CONFIG
 from rmsnorm_onnx.runtime import library_path, session
+
+og = required.tool(
+    "onnxruntime_genai",
+    "RMSNORM_ONNX_REQUIRE_GENAI",
+    hint="; it shares a venv with rmsnorm_onnx[cpu], not with onnxruntime-gpu",
+)
 
 EXPECTED = {
     "custom": {"RMSNorm": 1, "SkipRMSNorm": 4},

@@ -8,12 +8,12 @@ tiny Hugging Face Llama comes from tests/data (written by tests/hf_llama_data.py
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+import required
 from fusion_graphs import Variant, build
 from kernel_models import (
     VARIANTS,
@@ -28,13 +28,7 @@ from kernel_models import (
 from rmsnorm_onnx import op_functions, op_schema, reference
 from rmsnorm_onnx.fusion import fuse
 
-REQUIRE_ENV = "RMSNORM_ONNX_REQUIRE_OPENVINO"
-try:
-    import openvino as ov
-except ImportError as e:
-    if os.environ.get(REQUIRE_ENV):
-        pytest.fail(f"openvino is required here ({REQUIRE_ENV} is set): {e}", pytrace=False)
-    pytest.skip(f"openvino is not installed: {e}", allow_module_level=True)
+ov = required.tool("openvino", "RMSNORM_ONNX_REQUIRE_OPENVINO")
 
 from rmsnorm_onnx import openvino_extension  # noqa: E402  (imports openvino)
 

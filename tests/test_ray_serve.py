@@ -23,18 +23,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import required
 
 from rmsnorm_onnx import op_functions, reference, session
 from rmsnorm_onnx.runtime import library_path
 
-REQUIRE_ENV = "RMSNORM_ONNX_REQUIRE_RAY"
-try:
-    import ray
-    from ray import serve
-except ImportError as e:
-    if os.environ.get(REQUIRE_ENV):
-        pytest.fail(f"ray[serve] is required here ({REQUIRE_ENV} is set): {e}", pytrace=False)
-    pytest.skip(f"ray[serve] is not installed: {e}", allow_module_level=True)
+serve = required.tool("ray.serve", "RMSNORM_ONNX_REQUIRE_RAY")
+ray = required.tool("ray", "RMSNORM_ONNX_REQUIRE_RAY")
 
 ROOT = Path(__file__).resolve().parents[1]
 FUSED = ROOT / "models" / "tiny-llama.fused.onnx"
