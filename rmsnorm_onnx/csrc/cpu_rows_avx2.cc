@@ -137,11 +137,9 @@ bool Trails(const void* load, const void* store, uintptr_t bytes) {
 }
 
 // Whether the streamed lines of y are written from the row's end back to its start: where y
-// trails x by up to 255 bytes (see Trails), whose loads then run below the stores. Measured on 2
-// threads against a streaming copy, in turns in one process (Zen 4), x 16 bytes past a page as
-// numpy's arrays, y at 64 as ORT's outputs (48 bytes apart): 8192x8192 fp16 70 % -> 85 % of the
-// copy (1.22x), 2048x4096 fp16 86 % -> 98 %, 16384x768 fp16 1.14x, fp32 1.03-1.10x; y 16 to 128
-// bytes past x: 1.04-1.16x; 192 or more: no loss forwards, none gained backwards.
+// trails x by up to 255 bytes (see Trails), whose loads then run below the stores (as numpy's
+// inputs and ORT's outputs sit, 48 bytes apart; up to 1.22x, docs/benchmarks.md "CPU kernel
+// choices").
 bool Backwards(const void* x, const void* y) { return Trails(x, y, 255); }
 
 // Prefetches into L2 the lines of `ahead` (a row to come, or nullptr) that hold elements
@@ -151,23 +149,6 @@ void FetchAhead(const T* ahead, int64_t i) {
   if (ahead == nullptr) return;
   for (size_t b = 0; b < 32 * sizeof(T); b += 64) {
     _mm_prefetch(reinterpret_cast<const char*>(ahead + i) + b, _MM_HINT_T1);
-  }
-}
-
-// Fetches, with the non-temporal hint, the lines 256 bytes past [x, x + 32) and [skip, skip + 32):
-// streamed SkipRMSNorm rows read X and skip once (the second pass reads S back from the cache),
-// and so fetched they do not push the row's S out of the caches. Measured on 2 threads
-// against a streaming copy, in turns in one process, four runs (points of the copy's bandwidth
-// over the kernel without it, median): fp16 2048x4096 +4.7, 8192x8192 +2.5, 16384x768 -1.2;
-// fp32 +0.2, +1.5, -0.3. 512 bytes ahead: fp16 alike, fp32 16384x768 -2.3; 1 KB: -5.1.
-template <typename T, typename U>
-void FetchOnce(const T* x, const U* skip) {
-  constexpr size_t kAhead = 256;
-  for (size_t b = kAhead; b < kAhead + 32 * sizeof(T); b += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(x) + b, _MM_HINT_NTA);
-  }
-  for (size_t b = kAhead; b < kAhead + 32 * sizeof(U); b += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(skip) + b, _MM_HINT_NTA);
   }
 }
 
@@ -204,12 +185,11 @@ double SumSquares(const typename E::T* x, int64_t n, const typename E::T* ahead 
 
 // The SkipRMSNorm row source: s = x + skip (in float32, rounded once to R, skip's type: the
 // correctly rounded sum; R float32 with a half X: not rounded at all), written to `buf` (the
-// second pass reads it from cache) and, when kSum, to the output S
-// (streamed when kStream: a line at a time after a head that aligns S to a line, as ScaleRow
-// writes y; with y and S so written, 2048x4096 in ORT on 2 threads went from 0.90x to 1.03x the
-// copy's bandwidth in fp32, 0.71x to 0.76x in fp16), and the sum of squares of the rounded s.
-// kFetch: fetch x and skip ahead (FetchOnce; streamed rows).
-template <typename X, typename E, bool kSum, bool kStream, bool kFetch>
+// second pass reads it from cache) and, when kSum, to the output S (streamed when kStream: a line
+// at a time after a head that aligns S to a line, as ScaleRow writes y), and the sum of squares
+// of the rounded s. x and skip are not prefetched: the hardware's streamers do it better (see
+// docs/benchmarks.md "CPU kernel choices": a non-temporal prefetch ran 2-3x slower on Intel).
+template <typename X, typename E, bool kSum, bool kStream>
 double AddSumSquares(const typename X::T* x, const typename E::T* skip, typename E::T* buf,
                      typename E::T* sum, int64_t n) {
   using T = typename E::T;
@@ -247,9 +227,7 @@ double AddSumSquares(const typename X::T* x, const typename E::T* skip, typename
   }
   // Where S trails X or skip by at most a step's bytes modulo 4 KB, each step's S is stored after
   // the next step's loads: stored right away, those loads would wait on it (4K aliasing, see
-  // Trails). Measured on 2 threads, X and skip 16 bytes past a page as numpy's, S at 64 as ORT's
-  // outputs: fp16 1.06-1.14x as fast (2048x4096, 16384x768, 8192x8192), fp32 unchanged; S two
-  // steps' bytes past X and held: 0.91x, hence one step at most.
+  // Trails; fp16 up to 1.14x as fast; held two steps, slower: docs/benchmarks.md).
   const bool hold = kSum && kStream && (Trails(x, sum, 32 * sizeof(typename X::T)) ||
                                         Trails(skip, sum, 32 * sizeof(T)));
   Raw held[4];
@@ -261,7 +239,6 @@ double AddSumSquares(const typename X::T* x, const typename E::T* skip, typename
   while (i < n) {
     const int64_t end = i + kBlock < n ? i + kBlock : n;
     for (; i + 32 <= end; i += 32) {  // four independent sums: the FMA latency is not the limit
-      if constexpr (kFetch) FetchOnce(x + i, skip + i);
       Raw t[4];
       for (int k = 0; k < 4; ++k) {
         t[k] = add(i + 8 * k);
@@ -331,8 +308,7 @@ void StreamBytes(char* dst, const char* src, size_t n) {
 // y[i, end): a row's part before its first whole line of y, and after its last. kStream writes
 // it in non-temporal 16-byte pieces where y allows: that line is shared with the row before or
 // after, which streams its part, and ordinary stores to it read the line from memory first
-// (measured on 2 threads, y 48 bytes into a line, in turns in one process: 16384x768 fp16 with
-// ordinary stores there at 0.77-0.82x the speed of this, 2048x4096 fp16 0.90x).
+// (0.77-0.90x as fast, docs/benchmarks.md).
 // (I: the source's element type, X's or S's; E: Y's, X's.)
 template <typename I, typename E, bool kScale, bool kBias, bool kStream>
 void ScaleSpan(const typename I::T* x, typename E::T* y, const float* scale, const float* bias,
@@ -370,11 +346,9 @@ void ScaleLine(const typename I::T* x, typename E::T* y, const float* scale, con
 
 // The second pass over a row: y = x * r (* scale) (+ bias), one 64-byte line of y per step.
 // kStream writes with non-temporal stores (no read-for-ownership of y, y not kept in cache), each
-// line whole and in one go, after a head that aligns y to a line: written half a line per step
-// instead, fp16 rows ran at 0.70x the copy's bandwidth where y sits 48 bytes further into its
-// line than x (as ORT's outputs and numpy's inputs do), 0.83-0.95x a line per step (1 thread,
-// 2048x4096, loaded machine, same runs); the lines go backwards where forwards would alias (see
-// Backwards). A y not aligned to its element size is written with ordinary stores.
+// line whole and in one go, after a head that aligns y to a line (half a line per step was
+// slower where y and x sit at different offsets in their lines, docs/benchmarks.md); the lines
+// go backwards where forwards would alias (see Backwards). A y not aligned to its element size is written with ordinary stores.
 //
 // `ahead`: see Rows.
 template <typename I, typename E, bool kScale, bool kBias, bool kStream>
@@ -426,35 +400,30 @@ const typename R::T* SkipSource(const RowArgs& a, int64_t row, typename R::T* bu
   const auto* x = RowOf<typename E::T>(a, row);
   const T* skip = static_cast<const T*>(a.skip) + MapRow(a.skip_map, row) * n;
   if (a.sum == nullptr) {
-    *ss = AddSumSquares<E, R, false, false, kStream>(x, skip, buffer, nullptr, n);
+    *ss = AddSumSquares<E, R, false, false>(x, skip, buffer, nullptr, n);
     return buffer;
   }
   T* sum = static_cast<T*>(a.sum) + row * n;
   int64_t head;
   if (kStream && StreamHead<R>(sum, n, &head)) {  // S bypasses the cache: read the buffer back
-    *ss = AddSumSquares<E, R, true, kStream, kStream>(x, skip, buffer, sum, n);
+    *ss = AddSumSquares<E, R, true, kStream>(x, skip, buffer, sum, n);
     // S off a line boundary: that loop's sums started at S's line, not at the row's start. The
     // sum again from the buffer (in cache), in the order every other row sums in, keeps Y's bits
     // independent of where the caller put S
     if (reinterpret_cast<uintptr_t>(sum) % 64 != 0) *ss = SumSquares<R>(buffer, n);
     return buffer;
   }
-  // S stays in cache: read it back from there (measured faster than also writing the buffer:
-  // a whole 8x4096 fp32 run, 15.1 -> 12.0 us)
-  *ss = AddSumSquares<E, R, false, false, kStream>(x, skip, sum, nullptr, n);
+  // S stays in cache: read it back from there (faster than also writing the buffer)
+  *ss = AddSumSquares<E, R, false, false>(x, skip, sum, nullptr, n);
   return sum;
 }
 
 // Streamed RMSNorm rows fetch X ahead into L2 (`ahead`), so that reads from memory overlap the
 // work, as they do in a copy: the first pass over row r fetches row r + 1 and the second pass row
 // r + 2, each one line per line of the row. Also past the task's last row: ORT's pool hands a
-// thread consecutive tasks, so that row is mostly this thread's next. Measured on 2 threads
-// against a streaming copy of the same bytes, in turns (fractions of the copy's bandwidth):
-// fetching only row r + 1 in the second pass, 2048x4096 fp32 89-91 %, fp16 76-95 %, 16384x768
-// fp16 69-84 %; as now 94-99 %, 96-100 %, 82-92 % (8192x8192 alike both ways). Fetching nothing,
-// 6-17 % slower than the first. SkipRMSNorm, with two inputs to fetch, does not fetch ahead:
-// fetching X's and skip's rows r + 1 and r + 2 the same way, its fp16 rows were not faster and
-// its fp32 rows 5-15 % slower (in ORT's bench, 2048x4096 to 8192x8192).
+// thread consecutive tasks, so that row is mostly this thread's next (up to 6-17 % faster than
+// fetching nothing). SkipRMSNorm, with two inputs to read, leaves them to the hardware's
+// prefetchers: fetched so, or with the non-temporal hint, it ran slower (docs/benchmarks.md).
 // E: X's element type; R: skip's and S's (E, or F32 for the float32 residual stream).
 template <typename E, typename R, bool kScale, bool kBias, bool kStream>
 void Rows(const RowArgs& a, int64_t begin, int64_t end) {
