@@ -84,6 +84,24 @@ def _t5():
     return model, model
 
 
+def t5_encoder(scale: float = 1.0):
+    """transformers' whole T5 encoder (attention too: eager attention exports, sdpa's does not),
+    whose T5Blocks clamp a half stream after each layer, so no norm can absorb a residual Add. The
+    embedding x12000·scale and each feed-forward output x6e4·scale: at scale 1 the stream reaches
+    ~2e5 in float32 and T5's clamps act in float16; at 0.25 it stays below 65504."""
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        d_model=64, d_ff=128, num_layers=LAYERS, num_heads=4, d_kv=16, vocab_size=100
+    )
+    config._attn_implementation = "eager"
+    model = transformers.T5EncoderModel(config).eval()
+    with torch.no_grad():
+        model.shared.weight.normal_(0, 1).mul_(12000 * scale)
+        for block in model.encoder.block:
+            block.layer[-1].DenseReluDense.wo.weight.mul_(6e4 * scale)
+    return Decoder(model)
+
+
 def build(family: str):
     """(module to export, the model whose stream ``stream_peak`` reads), seeded, float32."""
     torch.manual_seed(0)

@@ -9,8 +9,11 @@ float32 from the first residual (cast once) to the last norm::
 
 each SkipRMSNorm reads the previous S as its float32 ``skip`` (X, the branch, stays half) and
 writes its S in float32, rounded nowhere; a residual Add with a stream operand is computed in
-float32. Every other reader of a stream value, and a graph output, gets it cast back to the half
-type it had: what the file declares does not change.
+float32. A stream can also start at a residual Add no norm absorbed, ``h + F(norm(h))``, and
+pass through a clamp (T5 clamps its half stream after each layer, so no norm can absorb the Add:
+the Clip, or Max and Min, is computed in float32, its bounds cast). Every other reader of a
+stream value, and a graph output, gets it cast back to the half type it had: what the file
+declares does not change.
 
 A half model's stream can pass float16's 65504 where every value a layer computes stays small
 (T5, Gemma, EmbeddingGemma); onnxruntime's CPU provider computes half Adds in float32 and so
@@ -58,7 +61,8 @@ class _Stream:
 
     container: ir.Graph | ir.Function
     norms: dict[ir.Node, int] = dataclasses.field(default_factory=dict)  # -> stream operand
-    adds: list[ir.Node] = dataclasses.field(default_factory=list)
+    adds: dict[ir.Node, int | None] = dataclasses.field(default_factory=dict)  # -> entry h
+    clips: list[ir.Node] = dataclasses.field(default_factory=list)  # clamps of stream values
     ends: list[ir.Node] = dataclasses.field(default_factory=list)  # RMSNorm on a stream value
     values: dict[ir.Value, None] = dataclasses.field(default_factory=dict)  # half, then float32
     both: int = 0  # norms both of whose operands are in the stream
@@ -67,6 +71,7 @@ class _Stream:
         """(node, input index) of every read that takes the stream's float32 value."""
         reads = {(node, i) for node, i in self.norms.items()}
         reads |= {(add, i) for add in self.adds for i in range(2)}
+        reads |= {(clip, i) for clip in self.clips for i in range(len(clip.inputs))}
         return reads | {(norm, 0) for norm in self.ends}
 
 
@@ -89,6 +94,38 @@ def _stream_add(node: ir.Node, values: dict[ir.Value, None]) -> bool:
     if a is None or b is None or a.dtype not in HALF_TYPES or a.dtype != b.dtype:
         return False
     return a in values or b in values
+
+
+def _residual_entry(node: ir.Node) -> int | None:
+    """Which operand of a half Add is the residual h of ``h + F(norm(h))``: the one that one of
+    our norms reads as X while the other operand is computed from that norm's Y (the stream's
+    first residual Add where no norm absorbed it); None for any other Add."""
+    if node.op_type != "Add" or node.domain not in DEFAULT_DOMAINS or len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    if a is None or b is None or a.dtype not in HALF_TYPES or a.dtype != b.dtype:
+        return None
+    for operand, (h, branch) in enumerate(((a, b), (b, a))):
+        for use in h.uses():
+            norm = use.node
+            if use.idx != 0 or not canonical.is_canonical(norm):
+                continue
+            if _depends_on(branch, norm.outputs[0]):
+                return operand
+    return None
+
+
+def _stream_clip(node: ir.Node, values: dict[ir.Value, None]) -> bool:
+    """A clamp of a stream value: Clip, or the Max and Min that torch's exporter writes for T5's
+    clamp of its half stream (bounds computed in the graph)."""
+    if node.domain not in DEFAULT_DOMAINS or not node.inputs:
+        return False
+    if node.op_type == "Clip":
+        return node.inputs[0] in values
+    if node.op_type not in ("Max", "Min") or len(node.inputs) != 2 or None in node.inputs:
+        return False
+    a, b = node.inputs
+    return a.dtype in HALF_TYPES and a.dtype == b.dtype and (a in values) != (b in values)
 
 
 def _norm_on(node: ir.Node, values: dict[ir.Value, None]) -> bool:
@@ -141,7 +178,13 @@ def _find(container: ir.Graph | ir.Function) -> _Stream:
             if len(node.outputs) > 1:
                 stream.values[node.outputs[1]] = None
         elif _stream_add(node, stream.values):
-            stream.adds.append(node)
+            stream.adds[node] = None
+            stream.values[node.outputs[0]] = None
+        elif (entry := _residual_entry(node)) is not None:  # where the stream starts
+            stream.adds[node] = entry
+            stream.values[node.outputs[0]] = None
+        elif _stream_clip(node, stream.values):
+            stream.clips.append(node)
             stream.values[node.outputs[0]] = None
         elif _norm_on(node, stream.values):
             stream.ends.append(node)  # a norm the last residual Add was not absorbed into
@@ -167,14 +210,14 @@ class _Rewriter:
         self.graph.append(node)
         return out
 
-    def to_float(self, value: ir.Value, what: str = "casts met") -> ir.Value:
+    def to_float(self, value: ir.Value, what: str | None = None) -> ir.Value:
         """The float32 value for a read: the stream's own, else a Cast made once (counted as
         ``what``)."""
         if value in self.stream.values or value.dtype == _FLOAT:
             return value
         if value not in self.wide:
             self.wide[value] = self.cast(value, _FLOAT)
-            self.counts[what] += 1
+            self.counts[what or "casts met"] += 1
         return self.wide[value]
 
     def widen(self, value: ir.Value, reads: set[tuple[ir.Node, int]]) -> None:
@@ -218,10 +261,15 @@ class _Rewriter:
             node.replace_input_with(0, branch)
             node.replace_input_with(1, self.to_float(residual, "casts in"))
             self.counts["norms"] += 1
-        for add in self.stream.adds:
+        for add, entry in self.stream.adds.items():
             for i, value in enumerate(list(add.inputs)):
-                add.replace_input_with(i, self.to_float(value))
+                add.replace_input_with(i, self.to_float(value, "casts in" if i == entry else None))
             self.counts["adds"] += 1
+        for clip in self.stream.clips:  # the bounds in float32 too (one type for all inputs)
+            for i, value in enumerate(list(clip.inputs)):
+                if value is not None:
+                    clip.replace_input_with(i, self.to_float(value))
+            self.counts["clips"] += 1
         for norm in self.stream.ends:  # float32 X: float32 scale and bias, Y cast back
             for i, value in enumerate(list(norm.inputs)[1:], start=1):
                 if value is not None:
@@ -241,7 +289,7 @@ def carry(model: ir.Model, float32_skip: bool, report: FuseReport) -> list[ir.Va
     for container in containers(model):
         container.sort()
         stream = _find(container)
-        if not stream.norms:
+        if not (stream.norms or stream.adds):
             continue
         rewriter = _Rewriter(stream)
         rewriter.run()
@@ -249,10 +297,10 @@ def carry(model: ir.Model, float32_skip: bool, report: FuseReport) -> list[ir.Va
         both += stream.both
         counts += rewriter.counts
         container.sort()
-    if not counts["norms"]:
+    if not (counts["norms"] or counts["adds"]):
         report.notes.append(
-            "residual dtype float32: the model has no half residual stream (no SkipRMSNorm on "
-            "float16 or bfloat16): nothing changed"
+            "residual dtype float32: the model has no half residual stream (no SkipRMSNorm or "
+            "residual Add on float16 or bfloat16): nothing changed"
         )
         return retyped
     report.residual_dtype = "float32"
@@ -278,6 +326,7 @@ def _what(counts: Counter[str]) -> str:
     parts = [
         ("norms", "SkipRMSNorm read a float32 skip and write a float32 S"),
         ("adds", "residual Add(s) no norm absorbed computed in float32"),
+        ("clips", "clamp(s) of the stream (Clip, Max, Min) computed in float32"),
         ("ends", "RMSNorm(s) read it in float32 (the residual Add in front not absorbed)"),
         ("casts in", "Cast(s) to float32 where it starts"),
         ("casts met", "Cast(s) to float32 of what it meets (an Add's branch, a norm's scale)"),
