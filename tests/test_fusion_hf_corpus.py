@@ -2,9 +2,9 @@
 both torch exporters (dynamo and TorchScript) in fp32 and fp16. Every RMSNorm that runs must fuse,
 for each target, and the fused model must match the original in onnxruntime.
 
-The export of T5's whole encoder fails in torch's dynamo decompositions (a view of a transposed
-tensor in its attention), so for dynamo T5 is represented by its feed-forward layer, which holds
-a T5 norm as the encoder uses it.
+T5 is its whole encoder with eager attention: torch's dynamo decompositions fail on its sdpa
+path (a view of a transposed tensor). In fp16 its blocks clamp the stream, so no norm there
+absorbs a residual Add.
 """
 
 from __future__ import annotations
