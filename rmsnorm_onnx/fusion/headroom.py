@@ -51,10 +51,10 @@ def norm_inputs(model: ir.Model) -> list[NormInput]:
     found = []
     half = False
     for node in model.graph:
-        if not canonical.is_canonical(node) or not node.inputs or node.inputs[0] is None:
+        if not canonical.is_canonical(node):
             continue
-        x = node.inputs[0]
-        skip = node.inputs[1] if canonical.is_skip(node) and len(node.inputs) > 1 else None
+        norm = canonical.Norm.read(node)
+        x, skip = norm.x, norm.skip
         if x.dtype not in FLOAT_TYPES or not x.name or (skip is not None and not skip.name):
             continue
         half |= x.dtype in HALF_TYPES
