@@ -23,13 +23,12 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from onnx import defs
 
-from .. import onnx_io, op_functions, op_schema
+from .. import inline_weights, onnx_io, op_functions, op_schema
 from ..errors import InvalidModelError, UsageError
 from . import (
     external,
     functions,
     headroom,
-    inline_weights,
     opset,
     preserve,
     raising,

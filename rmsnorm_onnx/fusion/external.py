@@ -22,10 +22,10 @@ from pathlib import Path
 import onnx
 from onnx import external_data_helper
 
-from .. import onnx_io
+from .. import inline_weights, onnx_io
 from ..errors import InvalidModelError, UsageError
-from . import inline_weights, preserve
-from .inline_weights import WeightsInFile
+from ..inline_weights import WeightsInFile
+from . import preserve
 
 
 def external_files(
