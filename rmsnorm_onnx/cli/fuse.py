@@ -138,13 +138,14 @@ def _residual_dtype(text: str) -> str:
     return text
 
 
-def _output(args: argparse.Namespace) -> Path | None:
+def _output(args: argparse.Namespace) -> str | None:
+    """OUT as given (positional or -o; a trailing '/' names a folder), None with --in-place."""
     if args.output and args.output_opt and args.output != args.output_opt:
         raise UsageError("OUT given twice (positional and -o) with different paths")
     out = args.output or args.output_opt
     if out is None and not args.in_place:
         raise UsageError("no OUT given: name an output file, or pass --in-place")
-    return Path(out) if out is not None else None
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         report = fuse_file(
             args.input,
-            args.output or args.output_opt,  # as given: a trailing '/' names a folder
+            out,
             target=target,
             verify=args.verify,
             in_place=args.in_place,
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
             "bfloat16 residual stream (no residual Add of half values in front of a norm); "
             "written as a plain fuse"
         )
-    written = out or Path(args.input)
+    written = Path(out or args.input)
     if args.json:
         print(json.dumps({"input": args.input, "output": str(written), **report.to_dict()}))
     else:
