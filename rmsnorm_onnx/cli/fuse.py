@@ -156,31 +156,21 @@ def run(args: argparse.Namespace) -> int:
         target: str | targets.Target = targets.get(for_runtime=args.for_runtime)
     else:
         target = args.target or target_names.DEFAULT
+    options = {
+        "target": target,
+        "verify": args.verify,
+        "weights": args.weights,
+        "function_bodies": args.function_bodies,
+        "residual_dtype": args.residual_dtype,
+    }
     if Path(args.input).is_dir():  # an onnxruntime-genai model folder
         from ..genai_folder import fuse_folder
 
         if out is None or args.in_place:
             raise UsageError("IN is a folder: name a new OUT folder (--in-place is for files)")
-        report = fuse_folder(
-            args.input,
-            out,
-            target=target,
-            verify=args.verify,
-            weights=args.weights,
-            function_bodies=args.function_bodies,
-            residual_dtype=args.residual_dtype,
-        )
+        report = fuse_folder(args.input, out, **options)
     else:
-        report = fuse_file(
-            args.input,
-            out,
-            target=target,
-            verify=args.verify,
-            in_place=args.in_place,
-            weights=args.weights,
-            function_bodies=args.function_bodies,
-            residual_dtype=args.residual_dtype,
-        )
+        report = fuse_file(args.input, out, in_place=args.in_place, **options)
     if args.residual_dtype and report.residual_dtype is None:
         console.warn(
             f"--residual-dtype {args.residual_dtype}: {args.input} has no float16 or "
