@@ -37,8 +37,8 @@ def is_skip(node: ir.Node) -> bool:
 
 @dataclasses.dataclass
 class Norm:
-    """One of our nodes, read once: its operands and attributes, checked against our ops'
-    contract (DESIGN §2). Every reader of our nodes' parts reads them here."""
+    """One of our nodes, read once: its operands and attributes by name, checked against our
+    ops' contract (DESIGN §2)."""
 
     node: ir.Node
     x: ir.Value
