@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from . import onnx_io, op_functions, op_schema
+from . import inline_weights, onnx_io, op_functions, op_schema
 from .errors import InvalidModelError, RMSNormOnnxError, UsageError
-from .fusion import FuseReport, Target, fuse_file, inline_weights
+from .fusion import FuseReport, Target, fuse_file
 from .fusion.external import data_files_read, external_files
 from .reference import tolerance
 from .runtime import LIBRARY_NAMES, library_path

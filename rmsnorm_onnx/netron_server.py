@@ -27,7 +27,7 @@ def serve(
     path = Path(model)
     if not path.exists():
         raise InvalidModelError(f"{path}: no such file")
-    from .fusion.inline_weights import read
+    from .inline_weights import read
     from .onnx_io import load_model
 
     if not path.is_file():  # a folder, a FIFO, a device: said as load_model says it

@@ -285,7 +285,7 @@ def _check_our_attributes(model: str | os.PathLike[str] | bytes | onnx.ModelProt
         if path.stat().st_size <= _PARSE_LIMIT:
             model = load_model(path, load_external_data=False)  # one-line errors
         else:
-            from .fusion.inline_weights import read
+            from .inline_weights import read
 
             model = read(path).proto
     problems = attribute_problems(model)

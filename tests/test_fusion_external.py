@@ -515,3 +515,22 @@ def test_an_out_that_ends_in_a_slash_is_a_folder_not_a_file(external_model, tmp_
     with pytest.raises(UsageError, match="names a folder"):
         fuse_file(src, f"{tmp_path}/new/")
     assert not (tmp_path / "new").exists()
+
+
+def test_the_output_plan_is_made_once_before_the_pass(external_model, tmp_path, monkeypatch):
+    """external.plan decides where fuse_file writes and refuses before anything is read or
+    fused (a bad ``weights`` before IN is even opened); write consumes it as it is."""
+    from rmsnorm_onnx.fusion import external
+
+    with pytest.raises(ValueError, match="weights must be one of"):
+        external.plan(tmp_path / "absent.onnx", tmp_path / "o.onnx", weights="move")
+    src, _, _ = external_model
+    (src.parent / "link.onnx").symlink_to(src.parent / "old.onnx")
+    (src.parent / "old.onnx").write_text("old")
+    plan = external.plan(src, src.parent / "link.onnx")
+    assert (plan.given.name, plan.dst, plan.beside) == ("link.onnx", src.parent / "old.onnx", True)
+    made = []
+    monkeypatch.setattr(external, "plan", lambda *a, **k: made.append(a) or plan)
+    fuse_file(src, tmp_path / "ignored.onnx")  # the plan's OUT is written, not the argument
+    assert len(made) == 1 and not (tmp_path / "ignored.onnx").exists()
+    assert onnx.load(src.parent / "old.onnx", load_external_data=False).graph.node

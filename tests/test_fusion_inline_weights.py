@@ -20,8 +20,9 @@ from fusion_graphs import run
 from inline_models import layer_bytes, mlp_stack, mlp_stack_model
 from onnx import TensorProto, helper, numpy_helper
 
+from rmsnorm_onnx import inline_weights
 from rmsnorm_onnx.errors import InvalidModelError
-from rmsnorm_onnx.fusion import fuse_file, inline_weights
+from rmsnorm_onnx.fusion import fuse_file
 from rmsnorm_onnx.reference import tolerance
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -315,7 +315,7 @@ def test_a_scale_is_proved_to_fit_a_dim_only_the_graph_tells() -> None:
     """keras-hub files after MatMulNBitsQuantizer: the norm's input is Add(h, MatMulNBits(...))
     reshaped, its shape [?, ?, ?] to onnx (and to ORT's inference, which stops short). N = 64
     says its last dim; a scale [64] fits it, a scale [32] does not."""
-    from rmsnorm_onnx.fusion.values import fits_normalized
+    from rmsnorm_onnx.fusion.dims import fits_normalized
 
     a = _value(["m", H], "a")
     mm = ir.node("MatMulNBits", [a, _value([H, 1, 32], "w")], domain="com.microsoft",

@@ -312,10 +312,10 @@ def test_scale_with_leading_ones_converts_to_a_loadable_file(
 )
 def test_leading_ones_is_the_one_rule_for_dims_a_scale_drops(dims, n_axes, drop) -> None:
     """The source-form rules (a Squeeze) and the raise and absorb rules (a folded constant) drop
-    the same dims of a scale: values.leading_ones."""
+    the same dims of a scale: dims.leading_ones."""
     import onnx_ir as ir
 
-    from rmsnorm_onnx.fusion.values import leading_ones
+    from rmsnorm_onnx.fusion.dims import leading_ones
 
     shape = None if dims is None else ir.Shape(dims)
     assert leading_ones(ir.Value(name="w", shape=shape), n_axes) == drop
@@ -338,7 +338,7 @@ def test_fitting_a_scale_with_leading_ones_reads_no_weight(tmp_path) -> None:
     data (here in a file that is not there) is not read to find out."""
     import onnx_ir as ir
 
-    from rmsnorm_onnx.fusion.values import fits_normalized
+    from rmsnorm_onnx.fusion.dims import fits_normalized
 
     tensor = ir.ExternalTensor(
         "absent.bin", offset=0, length=64, dtype=ir.DataType.FLOAT, shape=ir.Shape([1, 1, 16]),

@@ -25,7 +25,8 @@ from onnx.reference import ReferenceEvaluator
 
 from rmsnorm_onnx import op_schema
 from rmsnorm_onnx.fusion import Target, fuse, fuse_file, targets
-from rmsnorm_onnx.fusion.lower import Builder, Norm, plain_ops
+from rmsnorm_onnx.fusion.builder import Builder, plain_ops
+from rmsnorm_onnx.fusion.canonical import Norm
 from rmsnorm_onnx.fusion.opset import unchanged
 from rmsnorm_onnx.reference import tolerance
 

@@ -138,13 +138,14 @@ def _residual_dtype(text: str) -> str:
     return text
 
 
-def _output(args: argparse.Namespace) -> Path | None:
+def _output(args: argparse.Namespace) -> str | None:
+    """OUT as given (positional or -o; a trailing '/' names a folder), None with --in-place."""
     if args.output and args.output_opt and args.output != args.output_opt:
         raise UsageError("OUT given twice (positional and -o) with different paths")
     out = args.output or args.output_opt
     if out is None and not args.in_place:
         raise UsageError("no OUT given: name an output file, or pass --in-place")
-    return Path(out) if out is not None else None
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,38 +156,28 @@ def run(args: argparse.Namespace) -> int:
         target: str | targets.Target = targets.get(for_runtime=args.for_runtime)
     else:
         target = args.target or target_names.DEFAULT
+    options = {
+        "target": target,
+        "verify": args.verify,
+        "weights": args.weights,
+        "function_bodies": args.function_bodies,
+        "residual_dtype": args.residual_dtype,
+    }
     if Path(args.input).is_dir():  # an onnxruntime-genai model folder
         from ..genai_folder import fuse_folder
 
         if out is None or args.in_place:
             raise UsageError("IN is a folder: name a new OUT folder (--in-place is for files)")
-        report = fuse_folder(
-            args.input,
-            out,
-            target=target,
-            verify=args.verify,
-            weights=args.weights,
-            function_bodies=args.function_bodies,
-            residual_dtype=args.residual_dtype,
-        )
+        report = fuse_folder(args.input, out, **options)
     else:
-        report = fuse_file(
-            args.input,
-            args.output or args.output_opt,  # as given: a trailing '/' names a folder
-            target=target,
-            verify=args.verify,
-            in_place=args.in_place,
-            weights=args.weights,
-            function_bodies=args.function_bodies,
-            residual_dtype=args.residual_dtype,
-        )
+        report = fuse_file(args.input, out, in_place=args.in_place, **options)
     if args.residual_dtype and report.residual_dtype is None:
         console.warn(
             f"--residual-dtype {args.residual_dtype}: {args.input} has no float16 or "
             "bfloat16 residual stream (no residual Add of half values in front of a norm); "
             "written as a plain fuse"
         )
-    written = out or Path(args.input)
+    written = Path(out or args.input)
     if args.json:
         print(json.dumps({"input": args.input, "output": str(written), **report.to_dict()}))
     else:

@@ -23,13 +23,12 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from onnx import defs
 
-from .. import onnx_io, op_functions, op_schema
+from .. import inline_weights, onnx_io, op_functions, op_schema
 from ..errors import InvalidModelError, UsageError
 from . import (
     external,
     functions,
     headroom,
-    inline_weights,
     opset,
     preserve,
     raising,
@@ -247,31 +246,16 @@ def fuse_file(
     ``dst=None`` with ``in_place`` rewrites ``src``'s graph (its weights are never rewritten).
     ``target``, ``for_runtime``, ``function_bodies`` and ``residual_dtype`` as in :func:`fuse`.
     """
-    src_path = Path(src)
-    if dst is None:
-        if not in_place:
-            raise UsageError("no output path given (pass one, or ask for in-place)")
-        dst = src_path
-    dst_path = Path(dst)
-    same = dst_path.exists() and src_path.exists() and os.path.samefile(src_path, dst_path)
-    if same and not in_place:
-        raise UsageError(
-            f"{dst_path}: is the input file; refusing to overwrite it without --in-place"
-        )
-    out = onnx_io.output_target(dst)  # no device, FIFO, socket, folder; symlinks followed
-    # Large weights stored inside IN stay there as byte ranges, streamed to OUT, never parsed
-    # (parsing a model into Python objects costs about five times the file in memory).
-    source = inline_weights.read(src_path)
-    external.check_output(source.proto, src_path, out, in_place=in_place, split=source)
+    plan = external.plan(src, dst, in_place=in_place, weights=weights)
     model, report = fuse(
-        source,
+        plan.source,
         target=target,
         verify=verify,
         function_bodies=function_bodies,
         for_runtime=for_runtime,
         residual_dtype=residual_dtype,
     )
-    placed = external.write(model, src_path.parent, dst_path, weights=weights, split=source)
+    placed = external.write(model, plan)
     for path, how in sorted(placed.items()):
         report.notes.append(f"weights {how} to {path}")
         if how == "hard-linked":

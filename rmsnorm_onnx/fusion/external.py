@@ -1,6 +1,9 @@
-"""Models with external data: read without the weights, write pointing at the same weight bytes.
+"""Where ``fuse_file`` writes, and models with external data: read without the weights, written
+pointing at the same weight bytes.
 
-The fused model's tensors keep their ``offset``/``length``, so no weight is ever read or
+:func:`plan` decides once, before the pass runs, where OUT goes (:class:`OutputPlan`): never IN
+unless asked, nor a file IN depends on, nor a special file; :func:`write` writes there. The fused
+model's tensors keep their ``offset``/``length``, so no weight is ever read or
 rewritten and the input is never touched. Where the data files go:
 
 - OUT beside IN: nothing to do, OUT refers to IN's data file.
@@ -15,6 +18,7 @@ rewritten and the input is never touched. Where the data files go:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -22,10 +26,9 @@ from pathlib import Path
 import onnx
 from onnx import external_data_helper
 
-from .. import onnx_io
-from ..errors import InvalidModelError, UsageError
-from . import inline_weights, preserve
-from .inline_weights import WeightsInFile
+from .. import inline_weights, onnx_io
+from ..errors import UsageError
+from ..inline_weights import WeightsInFile
 
 
 def external_files(
@@ -59,16 +62,60 @@ def _renamed(files: dict[str, int], dst: Path) -> dict[str, str]:
     return {location: names[os.path.normpath(location)] for location in files}
 
 
-def check_output(
-    model: onnx.ModelProto, src: Path, dst: Path, *, in_place: bool, split: WeightsInFile | None
-) -> None:
-    """Refuse an OUT that would overwrite IN or any file IN depends on: OUT itself, and the
-    ``OUT.data*`` files its weights would be placed in (symlinks and hard links included)."""
-    files = external_files(model, split, where=src)
-    if onnx_io.same_file(dst, src) and not in_place:
-        raise UsageError(f"{dst}: is the input file; refusing to overwrite it without --in-place")
-    beside = dst.parent.resolve() == src.parent.resolve()
-    placed = sorted(set(_renamed(files, dst).values())) if files and not beside else []
+@dataclasses.dataclass(frozen=True)
+class OutputPlan:
+    """Where ``fuse_file`` writes, decided once before the pass runs: made by :func:`plan`, which
+    refuses what IN and OUT rule out; consumed by :func:`write`, which refuses what the data files
+    it places rule out."""
+
+    src: Path  # IN
+    source: WeightsInFile  # IN read without its weights (large inline ones left in the file)
+    given: Path  # OUT as named
+    dst: Path  # the file written: OUT, or the file its symlink names
+    weights: str  # how data files are placed away from IN's folder: one of WEIGHTS
+
+    @property
+    def beside(self) -> bool:
+        """OUT is written in IN's folder: it shares IN's data files."""
+        return self.dst.parent.resolve() == self.src.parent.resolve()
+
+
+def plan(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str] | None,
+    *,
+    in_place: bool = False,
+    weights: str = "auto",
+) -> OutputPlan:
+    """Where ``src`` fused is written (``dst=None`` with ``in_place``: over ``src``), with IN
+    read. Refuses, each with one line, an OUT that is IN without ``in_place``, a special file or
+    folder (:func:`rmsnorm_onnx.onnx_io.output_target`), or any file IN depends on: OUT itself,
+    and the ``OUT.data*`` files its weights would be placed in (symlinks and hard links
+    included)."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    src_path = Path(src)
+    if dst is None:
+        if not in_place:
+            raise UsageError("no output path given (pass one, or ask for in-place)")
+        dst = src_path
+    given = Path(dst)
+    if given.exists() and src_path.exists() and os.path.samefile(src_path, given) and not in_place:
+        raise UsageError(f"{given}: is the input file; refusing to overwrite it without --in-place")
+    target = onnx_io.output_target(dst)  # as given: a trailing '/' names a folder
+    # Large weights stored inside IN stay there as byte ranges, streamed to OUT, never parsed
+    # (parsing a model into Python objects costs about five times the file in memory).
+    source = inline_weights.read(src_path)
+    made = OutputPlan(src_path, source, given, target, weights)
+    _refuse_inputs_files(made)
+    return made
+
+
+def _refuse_inputs_files(plan: OutputPlan) -> None:
+    """Refuse an OUT, or a data file beside it, that is one of the files IN depends on."""
+    src, dst = plan.src, plan.dst
+    files = external_files(plan.source.proto, plan.source, where=src)
+    placed = sorted(set(_renamed(files, dst).values())) if files and not plan.beside else []
     targets = [dst] + [dst.parent / name for name in placed]
     for target in targets:
         for location in files:
@@ -116,34 +163,23 @@ def _place(src: Path, dst: Path, weights: str) -> str:
     return "copied"
 
 
-def write(
-    model: onnx.ModelProto,
-    src_dir: Path | None,
-    dst: Path,
-    *,
-    weights: str = "auto",
-    split: WeightsInFile | None = None,
-) -> dict[Path, str]:
-    """Write ``model`` to ``dst`` atomically, its external data files placed beside it.
+def write(model: onnx.ModelProto, plan: OutputPlan) -> dict[Path, str]:
+    """Write ``model`` (``plan.source`` fused) where ``plan`` says, atomically, its external data
+    files placed beside it.
 
-    Tensors that ``split`` left inside the input .onnx file are written inline, streamed from
-    it. Returns the data files placed next to ``dst`` and how ("cloned", "hard-linked",
-    "copied"); empty when ``dst`` sits beside the input and shares its data files.
+    Tensors left inside the input .onnx file are written inline, streamed from it. Returns the
+    data files placed next to OUT and how ("cloned", "hard-linked", "copied"); empty when OUT
+    sits beside the input and shares its data files.
     """
-    if weights not in WEIGHTS:
-        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
-    given, dst = Path(dst), onnx_io.output_target(dst)  # a symlink is written through
+    given, dst, split = plan.given, plan.dst, plan.source
     files = external_files(model, split)
-    if files and src_dir is None:
-        raise InvalidModelError("model refers to external data but its folder is unknown")
     if files and given.parent.resolve() != dst.parent.resolve():
         raise UsageError(
             f"{given}: is a symlink to {dst} in another folder: the weights would go beside "
             f"{dst.name}, where the model read as {given} cannot find them (write to {dst})"
         )
-    beside = bool(files) and dst.parent.resolve() == src_dir.resolve()
-    renamed = {} if beside else _renamed(files, dst)
-    sources = {new: src_dir / location for location, new in renamed.items()}
+    renamed = {} if plan.beside else _renamed(files, dst)
+    sources = {new: plan.src.parent / location for location, new in renamed.items()}
     for new_location in sources:  # a folder or a FIFO there: refused before any copy
         onnx_io.output_target(dst.parent / new_location)
     _check_replaced_data(dst, list(sources))
@@ -155,12 +191,10 @@ def write(
             final = dst.parent / new_location
             tmp = onnx_io.temp_path(final)
             staged.append((tmp, final))
-            placed[final] = _place(source, tmp, weights)
+            placed[final] = _place(source, tmp, plan.weights)
         _relocate(model, renamed, split)
         staged.append((onnx_io.new_temp_beside(dst), dst))
-        # as fuse() returns it: the input's version, unless onnxruntime cannot read that
-        model.ir_version = preserve.ir_version(model.ir_version, model)
-        if split is not None and split.ranges:
+        if split.ranges:
             inline_weights.save(model, split, staged[-1][0])
         else:
             onnx.save_model(model, staged[-1][0])
@@ -226,9 +260,9 @@ def _check_replaced_data(dst: Path, names: list[str]) -> None:
             )
 
 
-def _relocate(model: onnx.ModelProto, renamed: dict[str, str], split: WeightsInFile | None) -> None:
+def _relocate(model: onnx.ModelProto, renamed: dict[str, str], split: WeightsInFile) -> None:
     for tensor in onnx_io.all_tensors(model):
-        if split is not None and split.range_of(tensor) is not None:
+        if split.range_of(tensor) is not None:
             continue  # written inline again
         for entry in tensor.external_data:
             if entry.key == "location" and entry.value in renamed:

@@ -25,6 +25,7 @@ from onnx import helper
 
 from ..errors import RMSNormOnnxError
 from . import canonical
+from .ort_session import cpu_session
 from .values import FLOAT_TYPES, HALF_TYPES
 
 CURE = "fuse with --residual-dtype float32 (residual_dtype='float32'): the stream in float32"
@@ -51,10 +52,10 @@ def norm_inputs(model: ir.Model) -> list[NormInput]:
     found = []
     half = False
     for node in model.graph:
-        if not canonical.is_canonical(node) or not node.inputs or node.inputs[0] is None:
+        if not canonical.is_canonical(node):
             continue
-        x = node.inputs[0]
-        skip = node.inputs[1] if canonical.is_skip(node) and len(node.inputs) > 1 else None
+        norm = canonical.Norm.read(node)
+        x, skip = norm.x, norm.skip
         if x.dtype not in FLOAT_TYPES or not x.name or (skip is not None and not skip.name):
             continue
         half |= x.dtype in HALF_TYPES
@@ -167,13 +168,11 @@ def measure(
     base_dir: Path | None,
     inputs: list[NormInput],
     feeds: Mapping[str, np.ndarray],
-    session: Callable[[onnx.ModelProto, Path | None], Any] | None = None,
+    session: Callable[[onnx.ModelProto, Path | None], Any] = cpu_session,
 ) -> Headroom:
     """Run ``model`` (its external data in ``base_dir``) once on ``feeds`` in onnxruntime (CPU;
     ``session`` makes the session, by default as ``verify`` does) and read every norm input of
     ``inputs`` the main graph holds."""
-    if session is None:
-        from .verify import _session as session
     probe, names = _probe(model, inputs)
     try:
         sess = session(probe, base_dir)

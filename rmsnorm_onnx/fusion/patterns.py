@@ -18,7 +18,8 @@ from onnxscript.rewriter import pattern
 
 from .. import op_schema
 from .canonical import PATTERN_TAG, SOURCE_TAG
-from .values import COMPUTE_TYPE, fits_normalized, leading_ones, one_plus_constant, squeezed
+from .dims import fits_normalized, leading_ones, squeezed
+from .values import COMPUTE_TYPE, one_plus_constant
 
 
 def emit(

@@ -37,16 +37,15 @@ from .algebra import (
 )
 from .canonical import PATTERN_TAG, SOURCE_TAG
 from .diagnose import read_outside, where
+from .dims import fits_normalized, squeezed
 from .report import Skip
 from .values import (
     COMPUTE_TYPE,
     FLOAT_TYPES,
     constant_source,
-    fits_normalized,
     one_plus_constant,
     rank,
     reshaped_constant,
-    squeezed,
 )
 
 # the ops a norm is made of, and Q/DQ (walked through to say that they round the chain)

@@ -75,14 +75,15 @@ class _Stream:
         return reads | {(norm, 0) for norm in self.ends}
 
 
-def _half_skip_norm(node: ir.Node) -> bool:
-    """A SkipRMSNorm on a half X whose skip is X's type or float32 (carried already)."""
-    if not canonical.is_skip(node) or len(node.inputs) < 2:
-        return False
-    x, skip = node.inputs[0], node.inputs[1]
-    if x is None or skip is None or x.dtype not in HALF_TYPES:
-        return False
-    return skip.dtype in (x.dtype, _FLOAT)
+def _half_skip_norm(node: ir.Node) -> canonical.Norm | None:
+    """The SkipRMSNorm ``node`` is, read, where its X is half and its skip X's type or float32
+    (carried already); else None."""
+    if not canonical.is_skip(node):
+        return None
+    norm = canonical.Norm.read(node)
+    if norm.dtype not in HALF_TYPES or norm.skip.dtype not in (norm.dtype, _FLOAT):
+        return None
+    return norm
 
 
 def _stream_add(node: ir.Node, values: dict[ir.Value, None]) -> bool:
@@ -130,8 +131,9 @@ def _stream_clip(node: ir.Node, values: dict[ir.Value, None]) -> bool:
 
 def _norm_on(node: ir.Node, values: dict[ir.Value, None]) -> bool:
     """Our RMSNorm reading a stream value (the last residual Add, not absorbed)."""
-    is_norm = node.domain == op_schema.DOMAIN and node.op_type == op_schema.OP_TYPE
-    return is_norm and bool(node.inputs) and node.inputs[0] in values
+    if not canonical.is_canonical(node) or canonical.is_skip(node):
+        return False
+    return canonical.Norm.read(node).x in values
 
 
 def _depends_on(value: ir.Value, ancestor: ir.Value, limit: int = 100_000) -> bool:
@@ -151,10 +153,11 @@ def _depends_on(value: ir.Value, ancestor: ir.Value, limit: int = 100_000) -> bo
     return False
 
 
-def _entry_operand(node: ir.Node) -> int:
-    """Which operand of the stream's first norm is the residual: the one the other (the branch)
-    is computed from; else skip. Either way the sum is the same float32 sum of two half values."""
-    x, skip = node.inputs[0], node.inputs[1]
+def _entry_operand(norm: canonical.Norm) -> int:
+    """Which operand of the stream's first norm is the residual (0: X, 1: skip): the one the
+    other (the branch) is computed from; else skip. Either way the sum is the same float32 sum
+    of two half values."""
+    x, skip = norm.x, norm.skip
     if skip.dtype == _FLOAT:
         return 1
     return 0 if _depends_on(skip, x) and not _depends_on(x, skip) else 1
@@ -163,9 +166,9 @@ def _entry_operand(node: ir.Node) -> int:
 def _find(container: ir.Graph | ir.Function) -> _Stream:
     stream = _Stream(container)
     for node in container:  # topological: the stream grows forward
-        if _half_skip_norm(node):
-            ins = [node.inputs[0] in stream.values, node.inputs[1] in stream.values]
-            if node.inputs[1].dtype == _FLOAT:
+        if norm := _half_skip_norm(node):
+            ins = [norm.x in stream.values, norm.skip in stream.values]
+            if norm.skip.dtype == _FLOAT:
                 operand = 1  # carried already: S is float32 (the op's contract)
                 for s in node.outputs[1:]:
                     s.dtype = _FLOAT
@@ -173,7 +176,7 @@ def _find(container: ir.Graph | ir.Function) -> _Stream:
                 operand = 1 if ins[1] else 0
                 stream.both += all(ins)
             else:
-                operand = _entry_operand(node)
+                operand = _entry_operand(norm)
             stream.norms[node] = operand
             if len(node.outputs) > 1:
                 stream.values[node.outputs[1]] = None
@@ -338,14 +341,17 @@ def _what(counts: Counter[str]) -> str:
 def _carried(model: ir.Model) -> Iterable[ir.Node]:
     for container in containers(model):
         for node in container:
-            if _half_skip_norm(node) and node.inputs[1].dtype == _FLOAT:
+            norm = _half_skip_norm(node)
+            if norm is not None and norm.skip.dtype == _FLOAT:
                 yield node
 
 
 def _split(node: ir.Node) -> int:
-    """SkipRMSNorm(X half, skip float32) as Cast + Add + RMSNorm in float32 + Cast of Y."""
+    """SkipRMSNorm(X half, skip float32) as Cast + Add + RMSNorm in float32 + Cast of Y (read
+    now: a split before it may have replaced its skip)."""
+    skip_norm = canonical.Norm.read(node)
     graph = node.graph
-    x, skip, *params = [*node.inputs, None, None][:4]
+    x, skip, params = skip_norm.x, skip_norm.skip, [skip_norm.scale, skip_norm.bias]
     new: list[ir.Node] = []
 
     def op(op_type: str, inputs: list[ir.Value | None], dtype: ir.DataType, **kw) -> ir.Node:
@@ -373,9 +379,8 @@ def _split(node: ir.Node) -> int:
         attributes=list(node.attributes.values()),
         version=op_schema.VERSION,
     )
-    source = node.metadata_props.get(canonical.SOURCE_TAG, node.op_type)
     norm.metadata_props[canonical.SOURCE_TAG] = (
-        source.removesuffix(ABSORBED_ADD) + " + Add (float32, written apart)"
+        skip_norm.source.removesuffix(ABSORBED_ADD) + " + Add (float32, written apart)"
     )
     y = op("Cast", [norm.outputs[0]], x.dtype, attributes=[ir.AttrInt64("to", x.dtype)])
     old = list(node.outputs)

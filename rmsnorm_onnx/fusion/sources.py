@@ -23,16 +23,9 @@ from onnxscript.rewriter import pattern
 from .. import op_schema
 from ..op_schema import MS_DOMAIN, ORT_SKIP_NORM
 from .canonical import SOURCE_TAG, is_canonical
+from .dims import fits_normalized, leading_ones
 from .patterns import emit
-from .values import (
-    FLOAT_TYPES,
-    HALF_TYPES,
-    default_opset,
-    filled_with,
-    fits_normalized,
-    leading_ones,
-    no_wider_than,
-)
+from .values import FLOAT_TYPES, HALF_TYPES, default_opset, filled_with, no_wider_than
 
 # op type -> (domain, default epsilon): one StandardNorm rule each
 NORMS = {op_schema.ONNX_NORM: ("", 1e-5), op_schema.ORT_NORM: ("", 1e-5)}
@@ -167,7 +160,7 @@ def _pre_norm_bias(node: ir.Node) -> ir.Value | None:
 class Scale:
     """The scale as our ops take it: broadcasting to X's normalized dims only. ORT's ops read
     a scale by its size, and the exporters that write them give Falcon-H1's a leading 1 ([1, H]
-    on X [..., H]); those 1s (``values.leading_ones``, as the other rules drop them) are squeezed
+    on X [..., H]); those 1s (``dims.leading_ones``, as the other rules drop them) are squeezed
     off by a Squeeze node that the runtime folds into the weight: the weight stays unread here,
     where the raise and absorb rules, which compute new constants anyway, fold them into one. A
     scale that broadcasts over other axes is no RMSNorm of ours."""

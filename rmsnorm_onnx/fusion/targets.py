@@ -23,26 +23,23 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 
 import onnx_ir as ir
 
 from .. import cuda_picks, target_names
 from ..op_schema import MS_DOMAIN, ONNX_NORM, OP_TYPE, ORT_NORM, ORT_SKIP_NORM
 from . import skip
+from .builder import Builder, add_bias, label, outputs, plain_ops, residual, typed_norm
+from .canonical import Norm
 from .dims import Dims
-from .lower import (
-    Builder,
-    Lowering,
-    Norm,
-    add_bias,
-    label,
-    outputs,
-    plain_ops,
-    residual,
-    typed_norm,
-)
 from .opset import STANDARD_OPSET
 from .values import constant_source
+
+# A lowering: (its target, builder, norm, notes) -> (the norm's outputs Y[, S], what it became,
+# for the report). It raises builder.Unsupported where the target cannot express the norm at all;
+# what it wants said once goes into notes (text -> how many norms).
+Lowering = Callable[["Target", Builder, Norm, Counter[str]], tuple[list[ir.Value], str]]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -333,78 +333,6 @@ def rank(value: ir.Value) -> int | None:
     return None if value.shape is None else len(value.shape)
 
 
-def fits_normalized(
-    param: ir.Value, x: ir.Value, n_axes: int | None, squeeze: bool = False
-) -> str | None:
-    """None if ``param`` broadcasts into the last ``n_axes`` dims of ``x`` only, else why not.
-
-    The product must keep x's shape: every dim of param is 1 or provably equal to x's dim.
-    ``n_axes=None`` means "all of x's axes" (rank may be unknown). ``squeeze``: a constant (or
-    Gemma's 1 + constant) may have more dims, all 1, up to x's rank (Keras writes a scale
-    [1, 1, H], jax2onnx Gemma's 1 + w so); the caller then drops them (``squeezed``).
-    """
-    if param.shape is None:
-        return f"the shape of '{param.name}' is unknown"
-    p_dims = list(param.shape)
-    x_dims = list(x.shape) if x.shape is not None else None
-    limit = n_axes if n_axes is not None else (len(x_dims) if x_dims is not None else None)
-    if limit is None and len(p_dims) > 1:
-        return (
-            f"'{param.name}' has {len(p_dims)} dims and the input's rank is unknown: "
-            "broadcasting could add dims"
-        )
-    # (whether it is a constant is all this asks: its data, maybe in a file, is not read here)
-    squeezable = (
-        squeeze
-        and x_dims is not None
-        and len(p_dims) <= len(x_dims)
-        and leading_ones(param, limit) > 0
-        and (constant_source(param) is not None or one_plus_constant(param) is not None)
-    )
-    if limit is not None and len(p_dims) > limit and not squeezable:
-        return (
-            f"'{param.name}' of shape {_shape_text(p_dims)} broadcasts over axes outside the "
-            f"{limit} normalized one(s)"
-        )
-    proof = None
-    for j in range(1, len(p_dims) + 1):
-        pd = p_dims[-j]
-        if pd == 1:
-            continue
-        xd = x_dims[-j] if x_dims is not None and j <= len(x_dims) else None
-        if isinstance(pd, int) and not isinstance(xd, int) and j <= len(x_dims or []):
-            from .dims import Dims  # (dims reads values: imported here, not above)
-
-            proof = proof or Dims()  # the number from how the graph computes the dim
-            xd = next((t for t in proof.tokens(x, -j) if isinstance(t, int)), xd)
-        if xd is None or not same_dim(pd, xd):
-            return (
-                f"cannot prove '{param.name}' of shape {_shape_text(p_dims)} matches the "
-                f"normalized dims of {_shape_text(x_dims)}"
-            )
-    return None
-
-
-def leading_ones(param: ir.Value, n_axes: int | None) -> int:
-    """How many dims ``param`` has before its last ``n_axes``, where all of them are a static 1
-    (Keras writes a scale [1, 1, H], Falcon-H1's exporters [1, H]): the dims an op that takes the
-    normalized dims only drops. 0 where there are none, where ``n_axes`` or the shape is unknown,
-    or where one of them is not 1 (the parameter then broadcasts X: no op of ours takes it)."""
-    if n_axes is None or param.shape is None or len(param.shape) <= n_axes:
-        return 0
-    extra = list(param.shape)[: len(param.shape) - n_axes]
-    return len(extra) if all(d == 1 for d in extra) else 0
-
-
-def squeezed(param: ir.Value, n_axes: int | None) -> np.ndarray | None:
-    """A constant ``param``'s values without its ``leading_ones``, or None when there are none to
-    drop or it is no constant. (The raise and absorb rules fold constants anyway; the source-form
-    rules, which read no weight, drop the same dims with a Squeeze node: ``sources.Scale``.)"""
-    drop = leading_ones(param, n_axes)
-    array = reshaped_constant(param) if drop else None
-    return None if array is None else array.reshape(array.shape[drop:])
-
-
 _FILLS = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Cast", "CastLike"})
 
 
@@ -451,16 +379,6 @@ def same_dim(a: object, b: object) -> bool:
     if isinstance(a, ir.SymbolicDim) and isinstance(b, ir.SymbolicDim):
         return a.value is not None and a.value == b.value
     return False
-
-
-def _shape_text(dims: list[object] | None) -> str:
-    if dims is None:
-        return "an unknown shape"
-    return (
-        "["
-        + ",".join(str(d) if isinstance(d, int) else str(getattr(d, "value", d)) for d in dims)
-        + "]"
-    )
 
 
 def dim_tokens(value: ir.Value) -> tuple[object, ...] | None:

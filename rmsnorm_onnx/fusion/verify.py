@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -12,64 +11,20 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .. import onnx_io, op_functions, op_schema
+from .. import onnx_io, op_functions
 from ..compare import compare_arrays
 from ..errors import RMSNormOnnxError
 from ..reference import tolerance
 from .algebra import STATISTIC_OPS
 from .headroom import Headroom, NormInput, measure
+from .ort_session import cpu_session
 from .types import foreign_schemas
 
 # A whole model compounds rounding over its layers; the per-op tolerance of reference.tolerance
 # is widened by this factor for model outputs (a real mismatch is off by orders of magnitude).
 MODEL_TOLERANCE_FACTOR = 10.0
 
-_EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 _BFLOAT16 = onnx_io.NUMPY_TYPES[onnx.TensorProto.BFLOAT16]
-
-
-def _data_folder(model: onnx.ModelProto, base_dir: Path) -> tuple[onnx.ModelProto, Path]:
-    """The model with each external data location made relative to one folder that holds every
-    data file's real path, and that folder.
-
-    onnxruntime refuses, for a model given as bytes, data files whose real path lies outside the
-    folder it is told, such as a Hugging Face cache snapshot's links into the cache's blobs (it
-    reads them when given the file's path).
-    """
-    real = {}
-    for tensor in onnx_io.all_tensors(model):
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                real[entry.value] = os.path.realpath(base_dir / entry.value)
-    folder = os.path.realpath(base_dir)
-    if all(os.path.dirname(path) == folder for path in real.values()):
-        return model, Path(folder)
-    folder = os.path.commonpath([folder, *real.values()])
-    moved = onnx.ModelProto()
-    moved.CopyFrom(model)  # the caller's model is left as it was (its weights are references)
-    for tensor in onnx_io.all_tensors(moved):
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                entry.value = os.path.relpath(real[entry.value], folder)
-    return moved, Path(folder)
-
-
-def _session(model: onnx.ModelProto, base_dir: Path | None, *, library: bool = True) -> Any:
-    """An ORT session on the model's bytes; external data is read from ``base_dir`` by ORT. Our
-    library is registered where the model imports our domain, unless ``library`` is False."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 4  # its errors are raised, in one line
-    if base_dir is not None:
-        model, folder = _data_folder(model, base_dir)
-        options.add_session_config_entry(_EXTERNAL_FOLDER, str(folder))
-    data = onnx_io.serialize(model)  # the caller's model (fuse's input) is left as it was
-    if library and any(o.domain == op_schema.DOMAIN for o in model.opset_import):
-        from ..runtime import session
-
-        return session(data, options=options)
-    return ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
 
 
 # Dims a decoder's inputs must agree on, by the names exporters give them: optimum writes the
@@ -223,7 +178,7 @@ def _compare_without_library(
     if not op_functions.our_nodes(fused) or not op_functions.has_bodies(fused):
         return
     try:
-        plain = _session(fused, base_dir, library=False)
+        plain = cpu_session(fused, base_dir, library=False)
     except Exception as e:  # onnxruntime's own
         raise RMSNormOnnxError(
             f"verify: onnxruntime cannot load the fused model {_NO_LIBRARY}: {e}"
@@ -253,7 +208,7 @@ def _headroom(
 
 def _loaded(model: onnx.ModelProto, base_dir: Path | None, which: str) -> Any:
     try:
-        return _session(model, base_dir)
+        return cpu_session(model, base_dir)
     except RMSNormOnnxError:
         raise
     except Exception as e:  # onnxruntime's own (a bfloat16 op its CPU provider lacks...)

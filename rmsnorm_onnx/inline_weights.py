@@ -24,8 +24,8 @@ from pathlib import Path
 import onnx
 import onnx.external_data_helper
 
-from .. import onnx_io
-from ..errors import InvalidModelError
+from . import onnx_io
+from .errors import InvalidModelError
 
 THRESHOLD = 1024  # raw_data of this many bytes or more stays in the file (onnx's own default)
 _MODEL_GRAPH, _GRAPH_INITIALIZER = 7, 5
