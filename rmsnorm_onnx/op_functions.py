@@ -37,6 +37,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import op_schema
+from .element_types import BY_ONNX, ELEMENT_TYPES, compute_type
 from .onnx_io import all_graphs, inferred_without_weights, subgraphs
 
 __all__ = [
@@ -60,7 +61,8 @@ _DEFAULT_ELEM_TYPE = onnx.TensorProto.FLOAT
 _AXES_INPUT_OPSET = 18  # ReduceMean's axes moved from attribute to input
 _FLOAT = onnx.TensorProto.FLOAT
 _INT, _FLOAT_ATTR = onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT
-_COMPUTE_NAMES = {onnx.TensorProto.DOUBLE: "double"}  # a compute type other than float32
+# a compute type other than float32 -> its name in a body's label
+_COMPUTE_NAMES = {c.onnx_type: c.onnx_name for c in map(compute_type, ELEMENT_TYPES) if c.bytes > 4}
 _END = np.array([np.iinfo(np.int64).max], np.int64)  # a Slice to the last element
 
 
@@ -561,7 +563,7 @@ def attach(model: onnx.ModelProto) -> Attached:
         for op_type, sig in default.items():
             alike = {s: m for s, m in groups.items() if _same_inputs(s, sig)}
             # the widest compute type present: a double node run through it loses nothing
-            wide = max((s.compute for s in alike), key=lambda c: c == onnx.TensorProto.DOUBLE)
+            wide = max((s.compute for s in alike), key=lambda c: BY_ONNX[c].bytes)
             elem = next(iter(alike)).elem_type
             if len(alike) > 1 and opset < _CASTLIKE_OPSET:
                 elem = wide if wide != _FLOAT else _DEFAULT_ELEM_TYPE

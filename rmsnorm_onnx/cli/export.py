@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..element_types import NAMES as DTYPES
 from ..errors import RMSNormOnnxError, UsageError
+from ..target_names import EXPORT_MODES, EXPORTS
 from . import argtypes, console
 from .progress import Progress
 
-MODES = ("decomposed", "fused", "standard")
-DTYPES = ("float32", "float16", "bfloat16", "float64")
 DEFAULT_MODEL = "rmsnorm-layer"
 ALIASES = {"seeds": "rmsnorm-layer"}
 # rmsnorm_onnx.samples.SAMPLES, which imports torch; named here so a wrong name fails at once
@@ -66,7 +66,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rmsnorm",
-        choices=MODES,
+        choices=EXPORT_MODES,
         default="decomposed",
         help="how RMSNorm layers appear in the graph (default: %(default)s)",
     )
@@ -153,7 +153,7 @@ def _check_opset(opset: int | None, rmsnorm: str) -> None:
         return
     from onnx import defs
 
-    lowest = 23 if rmsnorm == "standard" else 18  # torch_export.MIN_OPSET (which imports torch)
+    lowest = EXPORTS[rmsnorm].min_opset
     newest = defs.onnx_opset_version()
     if not lowest <= opset <= newest:
         raise UsageError(
