@@ -269,13 +269,14 @@ class Attached:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def _ours(node: onnx.NodeProto) -> bool:
-    return node.domain == op_schema.DOMAIN and node.op_type in op_schema.OP_TYPES
-
-
 def our_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """Every node of our ops: main graph, subgraphs, functions."""
-    return [node for graph in all_graphs(model) for node in graph.node if _ours(node)]
+    return [
+        node
+        for graph in all_graphs(model)
+        for node in graph.node
+        if op_schema.is_ours(node.domain, node.op_type)
+    ]
 
 
 def _default_opset(model: onnx.ModelProto) -> int | None:
@@ -283,12 +284,6 @@ def _default_opset(model: onnx.ModelProto) -> int | None:
         if imp.domain in ("", "ai.onnx"):
             return imp.version
     return None
-
-
-def _our_body(domain: str, name: str) -> bool:
-    """Whether a model-local function is (in the place of) the body of one of our ops; other
-    functions of our domain are someone else's, kept."""
-    return domain == op_schema.DOMAIN and name in op_schema.OP_TYPES
 
 
 def foreign_bodies(model: onnx.ModelProto) -> list[str]:
@@ -300,7 +295,7 @@ def foreign_bodies(model: onnx.ModelProto) -> list[str]:
         mine = re.fullmatch(
             rf"{re.escape(f.domain)}::{re.escape(f.name)} \(.*\) in plain ops", f.doc_string
         )
-        if _our_body(f.domain, f.name) and not mine:
+        if op_schema.is_ours(f.domain, f.name) and not mine:
             notes.append(
                 f"the model's function {f.domain}::{f.name}"
                 + (f" (overload '{f.overload}')" if f.overload else "")
@@ -315,7 +310,7 @@ def remove(model: Any) -> int:
     an ``onnx.ModelProto`` or an ``onnx_ir.Model``). Returns how many functions went."""
     if not isinstance(model, onnx.ModelProto):
         return _remove_ir(model)
-    kept = [f for f in model.functions if not _our_body(f.domain, f.name)]
+    kept = [f for f in model.functions if not op_schema.is_ours(f.domain, f.name)]
     removed = len(model.functions) - len(kept)
     if removed:
         del model.functions[:]
@@ -326,12 +321,12 @@ def remove(model: Any) -> int:
 
 
 def _remove_ir(model: Any) -> int:
-    ours = [key for key in model.functions if _our_body(key[0], key[1])]
+    ours = [key for key in model.functions if op_schema.is_ours(key[0], key[1])]
     for key in ours:
         del model.functions[key]
     for container in [model.graph, *model.functions.values()]:
         for node in container.all_nodes():
-            if node.domain == op_schema.DOMAIN and node.op_type in op_schema.OP_TYPES:
+            if op_schema.is_ours(node.domain, node.op_type):
                 node.overload = ""
                 # the S that attach named '' to fit a body: gone, or a pass would name it and
                 # our kernel would write it
@@ -380,7 +375,7 @@ def _types_in(model: onnx.ModelProto, light: onnx.ModelProto) -> dict[int, tuple
         table.update((t.name, t.data_type) for t in getattr(inferred, "initializer", []))
         scopes = [table, *outer]
         for node, seen in zip(g.node, inferred.node, strict=True):
-            if _ours(node):
+            if op_schema.is_ours(node.domain, node.op_type):
                 x, skip = (*node.input[:2], "")[:2]
                 elem = next((s[x] for s in scopes if x in s), 0)
                 skip_elem = next((s[skip] for s in scopes if skip and skip in s), 0)

@@ -56,6 +56,11 @@ def companion_types(x_type: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys((x_type, COMPUTE_TYPE[x_type])))
 
 
+def is_ours(domain: str, op_type: str) -> bool:
+    """Whether ``domain::op_type`` is one of our ops (a node's, or a function's in its place)."""
+    return domain == DOMAIN and op_type in OP_TYPES
+
+
 def opset_import() -> onnx.OperatorSetIdProto:
     """The opset import a model using our ops must carry."""
     return helper.make_opsetid(DOMAIN, VERSION)

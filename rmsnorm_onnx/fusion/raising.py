@@ -22,7 +22,7 @@ import onnxscript.optimizer
 
 from .. import op_schema
 from . import diagnose, driver, patterns, recognise, skip, sources, types
-from .canonical import PATTERN_TAG, SOURCE_TAG, is_canonical
+from .canonical import PATTERN_TAG, SOURCE_TAG, is_canonical, is_rmsnorm
 from .report import FROM_PLAIN_OPS, FuseReport
 from .values import HALF_TYPES
 
@@ -34,7 +34,7 @@ def _canonical(model: ir.Model) -> list[ir.Node]:
 
 
 def _norms(model: ir.Model) -> list[ir.Node]:
-    return [node for node in driver.all_nodes(model) if patterns.is_fused(node)]
+    return [node for node in driver.all_nodes(model) if is_rmsnorm(node)]
 
 
 def canonicalize(

@@ -93,8 +93,7 @@ def _stream_add(node: ir.Node, values: dict[ir.Value, None]) -> bool:
 
 def _norm_on(node: ir.Node, values: dict[ir.Value, None]) -> bool:
     """Our RMSNorm reading a stream value (the last residual Add, not absorbed)."""
-    is_norm = node.domain == op_schema.DOMAIN and node.op_type == op_schema.OP_TYPE
-    return is_norm and bool(node.inputs) and node.inputs[0] in values
+    return canonical.is_rmsnorm(node) and bool(node.inputs) and node.inputs[0] in values
 
 
 def _depends_on(value: ir.Value, ancestor: ir.Value, limit: int = 100_000) -> bool:
