@@ -37,6 +37,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import op_schema
+from .default_domain import proto_default_version
 from .element_types import BY_ONNX, ELEMENT_TYPES, compute_type
 from .onnx_io import all_graphs, inferred_without_weights, subgraphs
 
@@ -279,13 +280,6 @@ def our_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     ]
 
 
-def _default_opset(model: onnx.ModelProto) -> int | None:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return imp.version
-    return None
-
-
 def foreign_bodies(model: onnx.ModelProto) -> list[str]:
     """Notes on the functions in the place of our ops' bodies that this package did not write
     (another definition under our op's name): the pass drops them like ours, and what a runtime
@@ -525,7 +519,7 @@ def attach(model: onnx.ModelProto) -> Attached:
     nodes = our_nodes(model)
     if not nodes:
         return done
-    opset = _default_opset(model)
+    opset = proto_default_version(model.opset_import)
     if opset is None or opset < MIN_OPSET:
         done.notes.append(
             f"no function bodies: they need ai.onnx opset >= {MIN_OPSET} (the model has {opset})"

@@ -31,11 +31,12 @@ from collections.abc import Iterable
 import onnx_ir as ir
 
 from .. import op_schema
+from ..default_domain import DEFAULT_DOMAINS
 from ..errors import UsageError
 from . import canonical
 from .driver import containers
 from .report import ABSORBED_ADD, FuseReport
-from .values import DEFAULT_DOMAINS, HALF_TYPES
+from .values import HALF_TYPES
 
 RESIDUAL_DTYPES = ("float32",)  # the stream's types a fuse can be asked for
 _FLOAT = ir.DataType.FLOAT
