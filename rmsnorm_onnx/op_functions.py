@@ -37,6 +37,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import op_schema
+from .default_domain import proto_default_version
+from .element_types import BY_ONNX, ELEMENT_TYPES, compute_type
 from .onnx_io import all_graphs, inferred_without_weights, subgraphs
 
 __all__ = [
@@ -60,7 +62,8 @@ _DEFAULT_ELEM_TYPE = onnx.TensorProto.FLOAT
 _AXES_INPUT_OPSET = 18  # ReduceMean's axes moved from attribute to input
 _FLOAT = onnx.TensorProto.FLOAT
 _INT, _FLOAT_ATTR = onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT
-_COMPUTE_NAMES = {onnx.TensorProto.DOUBLE: "double"}  # a compute type other than float32
+# a compute type other than float32 -> its name in a body's label
+_COMPUTE_NAMES = {c.onnx_type: c.onnx_name for c in map(compute_type, ELEMENT_TYPES) if c.bytes > 4}
 _END = np.array([np.iinfo(np.int64).max], np.int64)  # a Slice to the last element
 
 
@@ -267,26 +270,14 @@ class Attached:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def _ours(node: onnx.NodeProto) -> bool:
-    return node.domain == op_schema.DOMAIN and node.op_type in op_schema.OP_TYPES
-
-
 def our_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """Every node of our ops: main graph, subgraphs, functions."""
-    return [node for graph in all_graphs(model) for node in graph.node if _ours(node)]
-
-
-def _default_opset(model: onnx.ModelProto) -> int | None:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return imp.version
-    return None
-
-
-def _our_body(domain: str, name: str) -> bool:
-    """Whether a model-local function is (in the place of) the body of one of our ops; other
-    functions of our domain are someone else's, kept."""
-    return domain == op_schema.DOMAIN and name in op_schema.OP_TYPES
+    return [
+        node
+        for graph in all_graphs(model)
+        for node in graph.node
+        if op_schema.is_ours(node.domain, node.op_type)
+    ]
 
 
 def foreign_bodies(model: onnx.ModelProto) -> list[str]:
@@ -298,7 +289,7 @@ def foreign_bodies(model: onnx.ModelProto) -> list[str]:
         mine = re.fullmatch(
             rf"{re.escape(f.domain)}::{re.escape(f.name)} \(.*\) in plain ops", f.doc_string
         )
-        if _our_body(f.domain, f.name) and not mine:
+        if op_schema.is_ours(f.domain, f.name) and not mine:
             notes.append(
                 f"the model's function {f.domain}::{f.name}"
                 + (f" (overload '{f.overload}')" if f.overload else "")
@@ -313,7 +304,7 @@ def remove(model: Any) -> int:
     an ``onnx.ModelProto`` or an ``onnx_ir.Model``). Returns how many functions went."""
     if not isinstance(model, onnx.ModelProto):
         return _remove_ir(model)
-    kept = [f for f in model.functions if not _our_body(f.domain, f.name)]
+    kept = [f for f in model.functions if not op_schema.is_ours(f.domain, f.name)]
     removed = len(model.functions) - len(kept)
     if removed:
         del model.functions[:]
@@ -324,12 +315,12 @@ def remove(model: Any) -> int:
 
 
 def _remove_ir(model: Any) -> int:
-    ours = [key for key in model.functions if _our_body(key[0], key[1])]
+    ours = [key for key in model.functions if op_schema.is_ours(key[0], key[1])]
     for key in ours:
         del model.functions[key]
     for container in [model.graph, *model.functions.values()]:
         for node in container.all_nodes():
-            if node.domain == op_schema.DOMAIN and node.op_type in op_schema.OP_TYPES:
+            if op_schema.is_ours(node.domain, node.op_type):
                 node.overload = ""
                 # the S that attach named '' to fit a body: gone, or a pass would name it and
                 # our kernel would write it
@@ -378,7 +369,7 @@ def _types_in(model: onnx.ModelProto, light: onnx.ModelProto) -> dict[int, tuple
         table.update((t.name, t.data_type) for t in getattr(inferred, "initializer", []))
         scopes = [table, *outer]
         for node, seen in zip(g.node, inferred.node, strict=True):
-            if _ours(node):
+            if op_schema.is_ours(node.domain, node.op_type):
                 x, skip = (*node.input[:2], "")[:2]
                 elem = next((s[x] for s in scopes if x in s), 0)
                 skip_elem = next((s[skip] for s in scopes if skip and skip in s), 0)
@@ -528,7 +519,7 @@ def attach(model: onnx.ModelProto) -> Attached:
     nodes = our_nodes(model)
     if not nodes:
         return done
-    opset = _default_opset(model)
+    opset = proto_default_version(model.opset_import)
     if opset is None or opset < MIN_OPSET:
         done.notes.append(
             f"no function bodies: they need ai.onnx opset >= {MIN_OPSET} (the model has {opset})"
@@ -561,7 +552,7 @@ def attach(model: onnx.ModelProto) -> Attached:
         for op_type, sig in default.items():
             alike = {s: m for s, m in groups.items() if _same_inputs(s, sig)}
             # the widest compute type present: a double node run through it loses nothing
-            wide = max((s.compute for s in alike), key=lambda c: c == onnx.TensorProto.DOUBLE)
+            wide = max((s.compute for s in alike), key=lambda c: BY_ONNX[c].bytes)
             elem = next(iter(alike)).elem_type
             if len(alike) > 1 and opset < _CASTLIKE_OPSET:
                 elem = wide if wide != _FLOAT else _DEFAULT_ELEM_TYPE

@@ -25,6 +25,7 @@ from typing import Any
 import onnx
 from onnx import defs, helper
 
+from .element_types import ELEMENT_TYPES, compute_type
 from .onnx_io import all_graphs
 
 DOMAIN = "rmsnorm_onnx"
@@ -42,14 +43,9 @@ ORT_SKIP_NORM = "SkipSimplifiedLayerNormalization"  # onnxruntime's, in MS_DOMAI
 ONNX_NORM = "RMSNormalization"  # ONNX's, opset 23
 NORM_OPS = (*OP_TYPES, ONNX_NORM, ORT_NORM, ORT_SKIP_NORM)  # each computes a whole RMSNorm
 
-_FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)", "tensor(double)"]
+_FLOATS = [f"tensor({t.onnx_name})" for t in ELEMENT_TYPES]
 # X's element type -> the type the kernels compute in, which scale, bias and skip may also have
-COMPUTE_TYPE = {
-    onnx.TensorProto.FLOAT: onnx.TensorProto.FLOAT,
-    onnx.TensorProto.FLOAT16: onnx.TensorProto.FLOAT,
-    onnx.TensorProto.BFLOAT16: onnx.TensorProto.FLOAT,
-    onnx.TensorProto.DOUBLE: onnx.TensorProto.DOUBLE,
-}
+COMPUTE_TYPE = {t.onnx_type: compute_type(t).onnx_type for t in ELEMENT_TYPES}
 
 
 def companion_types(x_type: int) -> tuple[int, ...]:
@@ -58,6 +54,11 @@ def companion_types(x_type: int) -> tuple[int, ...]:
     if x_type not in COMPUTE_TYPE:
         return ()
     return tuple(dict.fromkeys((x_type, COMPUTE_TYPE[x_type])))
+
+
+def is_ours(domain: str, op_type: str) -> bool:
+    """Whether ``domain::op_type`` is one of our ops (a node's, or a function's in its place)."""
+    return domain == DOMAIN and op_type in OP_TYPES
 
 
 def opset_import() -> onnx.OperatorSetIdProto:

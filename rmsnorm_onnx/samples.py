@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .torch_module import EXPORT_MODES, RMSNorm
+from .target_names import EXPORT_MODES
+from .torch_module import RMSNorm
 
 if TYPE_CHECKING:
     import onnx

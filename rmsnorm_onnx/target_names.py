@@ -1,4 +1,5 @@
-"""The fusion pass's targets by name, and the measured best target per runtime, as data.
+"""The fusion pass's targets by name, the measured best target per runtime and the export
+modes, as data.
 
 Standard library only, so that ``rmsnorm-onnx fuse --help`` reads them without importing onnx
 (the ``rmsnorm_onnx.fusion`` package does). Each name is a ``Target`` object in
@@ -10,6 +11,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT = "custom"
+
+
+@dataclass(frozen=True)
+class ExportMode:
+    """How ``rmsnorm_onnx.export`` writes a norm: the opset it exports at unless told, and the
+    lowest it can be written in (the dynamo exporter emits 18 and newer; RMSNormalization is 23)."""
+
+    opset: int
+    min_opset: int
+
+
+EXPORTS: dict[str, ExportMode] = {
+    "decomposed": ExportMode(18, 18),
+    "fused": ExportMode(18, 18),
+    "standard": ExportMode(23, 23),
+}
+EXPORT_MODES: tuple[str, ...] = tuple(EXPORTS)
 
 # name -> what the target writes (one line for --help and the docs)
 TARGETS: dict[str, str] = {

@@ -31,13 +31,13 @@ from torch.utils import _pytree
 
 from . import onnx_io, op_functions, op_schema
 from .errors import RMSNormOnnxError, UsageError
-from .torch_module import EXPORT_MODES, RMSNorm, exporting
+from .target_names import EXPORT_MODES, EXPORTS
+from .torch_module import RMSNorm, exporting
 
 __all__ = ["DEFAULT_OPSET", "MIN_OPSET", "export"]
 
-# The dynamo exporter emits opset 18 and newer; RMSNormalization is opset 23.
-DEFAULT_OPSET = {"decomposed": 18, "fused": 18, "standard": 23}
-MIN_OPSET = {"decomposed": 18, "fused": 18, "standard": 23}
+DEFAULT_OPSET = {mode: e.opset for mode, e in EXPORTS.items()}
+MIN_OPSET = {mode: e.min_opset for mode, e in EXPORTS.items()}
 _STACK_TRACE = "pkg.torch.onnx.stack_trace"
 
 

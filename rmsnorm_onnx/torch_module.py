@@ -22,12 +22,12 @@ import torch
 from torch import nn
 
 from . import op_schema
+from .element_types import ELEMENT_TYPES
 from .errors import UsageError
 from .reference import skip_sum_shape
+from .target_names import EXPORT_MODES
 
-__all__ = ["EXPORT_MODES", "InputShapeError", "RMSNorm", "ResidualError"]
-
-EXPORT_MODES = ("decomposed", "fused", "standard")
+__all__ = ["InputShapeError", "RMSNorm", "ResidualError"]
 
 # The export mode in force while rmsnorm_onnx.export traces a model (None: eager / plain export).
 _EXPORT_MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -36,8 +36,8 @@ _EXPORT_MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 # Input types our fused op and ONNX RMSNormalization take (DESIGN §2), and the type each computes
 # in (op_schema.COMPUTE_TYPE): scale and bias (and a residual stream) may have that type too.
-_OP_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-_HALF_DTYPES = (torch.float16, torch.bfloat16)
+_OP_DTYPES = tuple(getattr(torch, t.name) for t in ELEMENT_TYPES)
+_HALF_DTYPES = tuple(getattr(torch, t.name) for t in ELEMENT_TYPES if t.half)
 
 
 def _op_compute_dtype(dtype: torch.dtype) -> torch.dtype:

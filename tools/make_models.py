@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from rmsnorm_onnx.samples import SAMPLES, write_sample_models
-from rmsnorm_onnx.torch_module import EXPORT_MODES
+from rmsnorm_onnx.target_names import EXPORT_MODES
 
 
 def main(argv: list[str] | None = None) -> int:

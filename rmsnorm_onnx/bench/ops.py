@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..element_types import BY_NAME
 from ..errors import UsageError
 
 OURS = "rmsnorm_onnx"
@@ -19,8 +20,8 @@ CEILING = "ceiling"
 EPSILON = 1e-6
 # the element types the benchmark times, with their sizes in bytes (for the CLI's size check,
 # which must not import numpy)
-ITEMSIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
-DTYPES = tuple(ITEMSIZES)
+DTYPES = ("float32", "float16", "bfloat16")
+ITEMSIZES = {name: BY_NAME[name].bytes for name in DTYPES}
 DEFAULT_DTYPES = ("float32", "float16")
 WIDE = "float32"  # the type of an op's `wide` tensors (a float32 residual stream)
 

@@ -1,14 +1,18 @@
-"""argparse ``type=`` converters shared by the subcommands (bad values are usage errors, exit 2)."""
+"""argparse ``type=`` converters and the options shared by the subcommands (bad values are usage
+errors, exit 2)."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 from ..errors import UsageError
 
 DEFAULT_MAX_GB = 4.0
+_T = TypeVar("_T")
 
 
 def file_path(text: str) -> str:
@@ -68,11 +72,16 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def _finite_float(text: str) -> float:
+def _read(text: str, convert: Callable[[str], _T], what: str) -> _T:
+    """``convert(text)``, or a usage error that says ``text`` is not ``what``."""
     try:
-        value = float(text)
+        return convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not a number") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: not {what}") from None
+
+
+def _finite_float(text: str) -> float:
+    value = _read(text, float, "a number")
     if not math.isfinite(value):  # nan once read "must be >= 0", inf "must be a number > 0"
         raise argparse.ArgumentTypeError(f"{text}: must be a finite number")
     return value
@@ -80,13 +89,26 @@ def _finite_float(text: str) -> float:
 
 def port(text: str) -> int:
     """A TCP port, 0..65535 (0: the system picks a free one)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not a port number") from None
+    value = _read(text, int, "a port number")
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value}: a port is 0..65535")
     return value
+
+
+def add_repeat(parser: argparse.ArgumentParser, default: int, what: str) -> None:
+    """``--repeat N``: how many timed runs; ``what`` says what is reported of them."""
+    parser.add_argument(
+        "--repeat",
+        type=positive_int,
+        default=default,
+        metavar="N",
+        help=f"{what} (default: %(default)s)",
+    )
+
+
+def add_file_option(parser: argparse.ArgumentParser, *flags: str, metavar: str, help: str) -> None:
+    """An option that names a file to write (never a folder: :func:`file_path`)."""
+    parser.add_argument(*flags, metavar=metavar, type=file_path, help=help)
 
 
 def add_max_gb(parser: argparse.ArgumentParser, what: str) -> None:

@@ -41,18 +41,16 @@ def _epilog() -> str:
     return "\n".join(parts) + "\n"
 
 
+HELP = "benchmark the RMSNorm and SkipRMSNorm kernels against the alternatives (GB/s)"
+DESCRIPTION = """\
+Time our fused ops beside the other ways onnxruntime (and torch) can compute RMSNorm and residual
+Add + RMSNorm, on the same inputs in one process; print median times, achieved GB/s and ratios,
+with the machine they were measured on.
+"""
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "bench",
-        help="benchmark the RMSNorm and SkipRMSNorm kernels against the alternatives (GB/s)",
-        description=(
-            "Time our fused ops beside the other ways onnxruntime (and torch) can compute "
-            "RMSNorm and residual Add + RMSNorm, on the same inputs in one process; print median "
-            "times, achieved GB/s and ratios, with the machine they were measured on."
-        ),
-        epilog=_epilog(),
-        formatter_class=console.HelpFormatter,
-    )
+    p = console.add_command(subparsers, "bench", run, HELP, DESCRIPTION, _epilog())
     p.add_argument(
         "--op",
         action="append",
@@ -84,13 +82,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="NAME",
         help="implementations to time besides ours (repeatable; default: all of each op's)",
     )
-    p.add_argument(
-        "--repeat",
-        type=argtypes.positive_int,
-        default=20,
-        metavar="N",
-        help="most timed runs per measurement (default: %(default)s)",
-    )
+    argtypes.add_repeat(p, 20, "most timed runs per measurement")
     p.add_argument(
         "--budget",
         type=float,
@@ -113,7 +105,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="grade the results against the project's CPU goals (exit 1 if one is missed)",
     )
-    p.set_defaults(func=run)
     return p
 
 

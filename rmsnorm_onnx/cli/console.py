@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 PROG = "rmsnorm-onnx"
@@ -80,6 +81,28 @@ def error_line(message: str) -> str:
     text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
     text = printable(text)
     return f"{PROG}: error: {text or 'failed'}"
+
+
+def add_command(
+    subparsers: Any,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    help: str,
+    description: str,
+    epilog: str,
+) -> argparse.ArgumentParser:
+    """Subcommand ``name``: its line in the top ``--help``, the ``description`` paragraph (as
+    one line, wrapped to the terminal), the examples kept as written, and ``run`` to call with
+    the parsed arguments."""
+    parser = subparsers.add_parser(
+        name,
+        help=help,
+        description=" ".join(description.split()),
+        epilog=epilog,
+        formatter_class=HelpFormatter,
+    )
+    parser.set_defaults(func=run)
+    return parser
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -28,19 +28,16 @@ they do not. Needs torch for the export (pip install 'rmsnorm_onnx[torch]').
 """
 
 
+HELP = "export, fuse, run and compare the seeds' RMSNorm layer (start here)"
+DESCRIPTION = """\
+The seeds' RMSNorm layer (hidden 64, eps 1e-5) exported decomposed and fused, the decomposed export
+fused by 'rmsnorm-onnx fuse', and all three run in onnxruntime with the custom-op library on the
+seeds' 32x10x64 input: checked against the NumPy reference and each other, and timed.
+"""
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "demo",
-        help="export, fuse, run and compare the seeds' RMSNorm layer (start here)",
-        description=(
-            "The seeds' RMSNorm layer (hidden 64, eps 1e-5) exported decomposed and fused, the "
-            "decomposed export fused by 'rmsnorm-onnx fuse', and all three run in onnxruntime "
-            "with the custom-op library on the seeds' 32x10x64 input: checked against the NumPy "
-            "reference and each other, and timed."
-        ),
-        epilog=EPILOG,
-        formatter_class=console.HelpFormatter,
-    )
+    p = console.add_command(subparsers, "demo", run, HELP, DESCRIPTION, EPILOG)
     p.add_argument(
         "--out",
         metavar="DIR",
@@ -53,14 +50,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="cpu",
         help="onnxruntime execution provider (default: %(default)s)",
     )
-    p.add_argument(
-        "--repeat",
-        type=argtypes.positive_int,
-        default=200,
-        metavar="N",
-        help="timed runs of each model, round-robin; medians shown (default: %(default)s)",
-    )
-    p.set_defaults(func=run)
+    argtypes.add_repeat(p, 200, "timed runs of each model, round-robin; medians shown")
     return p
 
 

@@ -7,6 +7,7 @@ from collections import Counter
 import onnx
 
 from .. import op_schema
+from ..default_domain import is_default_domain
 from .inputs import input_specs
 
 # Ops that compute a whole RMSNorm: named first in summaries, however many other ops there are.
@@ -17,7 +18,7 @@ def op_summary(model: onnx.ModelProto, most: int = 6) -> str:
     """``7 nodes: Mul×2, Pow, ReduceMean, ...`` (ops outside ai.onnx as ``domain::op``); fused
     norm ops come first so that they show in big models too."""
     ops = Counter(
-        n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+        n.op_type if is_default_domain(n.domain) else f"{n.domain}::{n.op_type}"
         for n in model.graph.node
     )
     count = sum(ops.values())

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..element_types import NAMES as DTYPES
 from ..errors import RMSNormOnnxError, UsageError
+from ..target_names import EXPORT_MODES, EXPORTS
 from . import argtypes, console
 from .progress import Progress
 
-MODES = ("decomposed", "fused", "standard")
-DTYPES = ("float32", "float16", "bfloat16", "float64")
 DEFAULT_MODEL = "rmsnorm-layer"
 ALIASES = {"seeds": "rmsnorm-layer"}
 # rmsnorm_onnx.samples.SAMPLES, which imports torch; named here so a wrong name fails at once
@@ -40,18 +40,15 @@ Needs torch (pip install 'rmsnorm_onnx[torch]').
 """
 
 
+HELP = "export a sample model or your own torch model to ONNX"
+DESCRIPTION = """\
+Export a torch model to ONNX with its RMSNorm layers as decomposed ops (Pow, ReduceMean, ...), as
+one fused rmsnorm_onnx::RMSNorm node each, or as ONNX's standard RMSNormalization (opset 23).
+"""
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "export",
-        help="export a sample model or your own torch model to ONNX",
-        description=(
-            "Export a torch model to ONNX with its RMSNorm layers as decomposed ops (Pow, "
-            "ReduceMean, ...), as one fused rmsnorm_onnx::RMSNorm node each, or as ONNX's "
-            "standard RMSNormalization (opset 23)."
-        ),
-        epilog=EPILOG,
-        formatter_class=console.HelpFormatter,
-    )
+    p = console.add_command(subparsers, "export", run, HELP, DESCRIPTION, EPILOG)
     what = p.add_mutually_exclusive_group()
     what.add_argument(
         "--model",
@@ -66,7 +63,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rmsnorm",
-        choices=MODES,
+        choices=EXPORT_MODES,
         default="decomposed",
         help="how RMSNorm layers appear in the graph (default: %(default)s)",
     )
@@ -93,11 +90,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="float32",
         help="cast the model's floating weights and inputs first (default: %(default)s)",
     )
-    p.add_argument(
+    argtypes.add_file_option(
+        p,
         "-o",
         "--output",
         metavar="PATH",
-        type=argtypes.file_path,
         help="where to write the model (default: ./<model>.<rmsnorm>.onnx)",
     )
     p.add_argument(
@@ -114,7 +111,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="seeds torch before the model is built: the built-in models' weights, or the "
         "random initialization of yours (default: 0)",
     )
-    p.set_defaults(func=run)
     return p
 
 
@@ -153,7 +149,7 @@ def _check_opset(opset: int | None, rmsnorm: str) -> None:
         return
     from onnx import defs
 
-    lowest = 23 if rmsnorm == "standard" else 18  # torch_export.MIN_OPSET (which imports torch)
+    lowest = EXPORTS[rmsnorm].min_opset
     newest = defs.onnx_opset_version()
     if not lowest <= opset <= newest:
         raise UsageError(

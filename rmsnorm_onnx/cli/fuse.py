@@ -50,21 +50,20 @@ def _runtimes_epilog() -> str:
     return "\n".join(lines) + "\n"
 
 
+HELP = "write every RMSNorm of an ONNX file as one op (or in another form)"
+DESCRIPTION = """\
+Find every RMSNorm of an ONNX file in whatever form it is written (plain ops from torch's
+exporters, tf2onnx, jax2onnx, paddle2onnx and others; onnxruntime's SimplifiedLayerNormalization
+ops; ONNX RMSNormalization; ours), absorb the residual Add in front of it, and write each in one
+target form: our op (with its ONNX function bodies, so the file also runs without our library),
+onnxruntime's, ONNX's, or plain ops; --for picks the form for a runtime. Prints what was fused per
+pattern and what was skipped per reason.
+"""
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "fuse",
-        help="write every RMSNorm of an ONNX file as one op (or in another form)",
-        description=(
-            "Find every RMSNorm of an ONNX file in whatever form it is written (plain ops from "
-            "torch's exporters, tf2onnx, jax2onnx, paddle2onnx and others; onnxruntime's "
-            "SimplifiedLayerNormalization ops; ONNX RMSNormalization; ours), absorb the residual "
-            "Add in front of it, and write each in one target form: our op (with its ONNX "
-            "function bodies, so the file also runs without our library), onnxruntime's, "
-            "ONNX's, or plain ops; --for picks the form for a runtime. Prints what was fused "
-            "per pattern and what was skipped per reason."
-        ),
-        epilog=EPILOG + "\n" + _runtimes_epilog(),
-        formatter_class=console.HelpFormatter,
+    p = console.add_command(
+        subparsers, "fuse", run, HELP, DESCRIPTION, EPILOG + "\n" + _runtimes_epilog()
     )
     p.add_argument(
         "input",
@@ -125,7 +124,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         const="link",
         help="OUT elsewhere than IN: hard-link its external data (fast; see below)",
     )
-    p.set_defaults(func=run)
     return p
 
 

@@ -19,6 +19,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 
+from ..default_domain import is_default_domain
 from ..errors import InvalidModelError, UsageError
 from ..onnx_io import NUMPY_TYPES
 from . import argtypes
@@ -98,7 +99,7 @@ def integer_highs(model: onnx.ModelProto) -> dict[str, int]:
     sizes = {t.name: (list(t.dims), t.data_type) for t in model.graph.initializer}
     highs: dict[str, int] = {}
     for node in model.graph.node:
-        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        if node.op_type != "Gather" or not is_default_domain(node.domain) or len(node.input) < 2:
             continue
         table = sizes.get(node.input[0])
         if table is None or not table[0]:

@@ -25,18 +25,16 @@ With --compare, exit status 1 means the outputs differ by more than --atol/--rto
 """
 
 
+HELP = "run a model in onnxruntime with the RMSNorm library; outputs, checksum, timing"
+DESCRIPTION = """\
+Run an ONNX model in onnxruntime with the rmsnorm_onnx custom-op library registered, print each
+output's dtype, shape and checksum and the run time, and optionally compare with another model on
+the same inputs.
+"""
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "run",
-        help="run a model in onnxruntime with the RMSNorm library; outputs, checksum, timing",
-        description=(
-            "Run an ONNX model in onnxruntime with the rmsnorm_onnx custom-op library registered, "
-            "print each output's dtype, shape and checksum and the run time, and optionally "
-            "compare with another model on the same inputs."
-        ),
-        epilog=EPILOG,
-        formatter_class=console.HelpFormatter,
-    )
+    p = console.add_command(subparsers, "run", run, HELP, DESCRIPTION, EPILOG)
     p.add_argument("model", metavar="MODEL", help="the .onnx file to run")
     p.add_argument(
         "--provider",
@@ -47,11 +45,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_input_options(p)
     _add_timing_options(p)
     _add_compare_options(p)
-    p.add_argument(
-        "--save-outputs",
-        metavar="FILE.npz",
-        type=argtypes.file_path,
-        help="write the outputs to an .npz archive",
+    argtypes.add_file_option(
+        p, "--save-outputs", metavar="FILE.npz", help="write the outputs to an .npz archive"
     )
     p.add_argument(
         "--headroom",
@@ -67,7 +62,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="leave the rmsnorm_onnx library unregistered: onnxruntime runs the function bodies "
         "our ops carry instead of our kernels (what a user without the library gets)",
     )
-    p.set_defaults(func=run)
     return p
 
 
@@ -111,13 +105,7 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_timing_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--repeat",
-        type=argtypes.positive_int,
-        default=10,
-        metavar="N",
-        help="timed runs; the median is reported (default: %(default)s)",
-    )
+    argtypes.add_repeat(p, 10, "timed runs; the median is reported")
     p.add_argument(
         "--warmup",
         type=argtypes.non_negative_int,

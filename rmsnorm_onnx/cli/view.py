@@ -22,17 +22,15 @@ On a remote machine, keep the default --host 127.0.0.1 and forward the port over
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+HELP = "look at a model in Netron (serves it on localhost until Ctrl-C)"
+DESCRIPTION = """\
+Serve an ONNX model with Netron's web app on this machine, print its URL, open a browser on it, and
+keep serving until Ctrl-C.
+"""
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "view",
-        help="look at a model in Netron (serves it on localhost until Ctrl-C)",
-        description=(
-            "Serve an ONNX model with Netron's web app on this machine, print its URL, open a "
-            "browser on it, and keep serving until Ctrl-C."
-        ),
-        epilog=EPILOG,
-        formatter_class=console.HelpFormatter,
-    )
+    p = console.add_command(subparsers, "view", run, HELP, DESCRIPTION, EPILOG)
     p.add_argument("model", metavar="MODEL", help="the model file (.onnx)")
     p.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
@@ -43,7 +41,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--no-browser", action="store_true", help="only print the URL; do not open a browser"
     )
-    p.set_defaults(func=run)
     return p
 
 

@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 from onnx import defs
 
 from .. import inline_weights, onnx_io, op_functions, op_schema
+from ..default_domain import is_default_domain
 from ..errors import InvalidModelError, UsageError
 from . import (
     external,
@@ -65,7 +66,7 @@ def _read(model_or_path: onnx.ModelProto | str | os.PathLike[str], base_dir: Pat
 
 def _default_import(imports, where: str) -> int | None:
     """The default-domain opset, imported as "" or "ai.onnx" (one domain, two names)."""
-    versions = {o.version for o in imports if o.domain in ("", "ai.onnx")}
+    versions = {o.version for o in imports if is_default_domain(o.domain)}
     if len(versions) > 1:
         raise InvalidModelError(
             f"{where} imports the default domain twice, at opsets "
@@ -109,7 +110,7 @@ def _keep_required_inputs(model: onnx.ModelProto) -> None:
     version = _default_import(model.opset_import, "the fused model") or 1
     for graph in onnx_io.all_graphs(model):
         for node in graph.node:
-            if node.domain not in ("", "ai.onnx"):
+            if not is_default_domain(node.domain):
                 continue
             try:
                 need = defs.get_schema(node.op_type, version, "").min_input

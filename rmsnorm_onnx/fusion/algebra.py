@@ -24,6 +24,7 @@ from fractions import Fraction
 import numpy as np
 import onnx_ir as ir
 
+from ..default_domain import is_default_domain
 from .values import (
     computed_integers,
     constant_array,
@@ -187,7 +188,7 @@ def root(value: ir.Value) -> ir.Value:
     a float32 input a Cast of its own: the mean and the x of one norm then read two)."""
     value = chain(value)[-1]
     node = value.producer()
-    if node is not None and node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+    if node is not None and node.op_type == "Cast" and is_default_domain(node.domain):
         return _first_twin(node, node.inputs[0]) if node.inputs and node.inputs[0] else value
     return value
 
@@ -197,7 +198,7 @@ def chain(value: ir.Value) -> list[ir.Value]:
     out = [value]
     while len(out) <= _MAX_DEPTH:
         node = out[-1].producer()
-        if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
+        if node is None or not is_default_domain(node.domain) or not node.inputs:
             break
         inner = node.inputs[0]
         if inner is None:
@@ -273,7 +274,7 @@ class Reader:
             number = float(const.reshape(()).astype(np.float64))
             return Product(coef=number, const_ndim=const.ndim)
         node = value.producer()
-        if node is None or depth > _MAX_DEPTH or node.domain not in ("", "ai.onnx"):
+        if node is None or depth > _MAX_DEPTH or not is_default_domain(node.domain):
             return Product.leaf(value)
         handler = getattr(self, f"_op_{node.op_type}", None)
         if handler is None:
@@ -563,7 +564,7 @@ class Reader:
             if (
                 node is None
                 or node.op_type not in ("Abs", "Neg")
-                or node.domain not in ("", "ai.onnx")
+                or not is_default_domain(node.domain)
                 or _shared(y)
             ):
                 break
@@ -870,7 +871,7 @@ def _may_be_epsilon_or_mean(value: ir.Value, depth: int = 6) -> bool:
     node = value.producer()
     if node is None:
         return True
-    if node.domain not in ("", "ai.onnx") or depth == 0:
+    if not is_default_domain(node.domain) or depth == 0:
         return False
     if node.op_type == "Constant" or node.op_type in STATISTIC_OPS:
         return True
@@ -896,7 +897,7 @@ def _is_number(array: np.ndarray) -> bool:
 def _centered(x: ir.Value) -> bool:
     """x = a - ReduceMean(a): the variance half of a decomposed LayerNorm."""
     sub = x.producer()
-    if sub is None or sub.op_type != "Sub" or sub.domain not in ("", "ai.onnx"):
+    if sub is None or sub.op_type != "Sub" or not is_default_domain(sub.domain):
         return False
     mean = sub.inputs[1].producer() if sub.inputs[1] is not None else None
     return (

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-
-import onnx_ir as ir
+from typing import TYPE_CHECKING
 
 from .. import op_schema
 from ..errors import InvalidModelError
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
 
 # node metadata: the form a canonical node was raised from ("decomposed",
 # "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization",
@@ -26,12 +29,18 @@ SOURCE_TAG = "rmsnorm_onnx.source"
 PATTERN_TAG = "rmsnorm_onnx.pattern"
 
 
-def is_canonical(node: ir.Node) -> bool:
+def is_canonical(node: ir.Node | onnx.NodeProto) -> bool:
     """One of our ops (RMSNorm or SkipRMSNorm)."""
-    return node.domain == op_schema.DOMAIN and node.op_type in op_schema.OP_TYPES
+    return op_schema.is_ours(node.domain, node.op_type)
 
 
-def is_skip(node: ir.Node) -> bool:
+def is_rmsnorm(node: ir.Node | onnx.NodeProto) -> bool:
+    """Our RMSNorm (without a residual)."""
+    return node.domain == op_schema.DOMAIN and node.op_type == op_schema.OP_TYPE
+
+
+def is_skip(node: ir.Node | onnx.NodeProto) -> bool:
+    """Our SkipRMSNorm."""
     return node.domain == op_schema.DOMAIN and node.op_type == op_schema.SKIP_OP_TYPE
 
 

@@ -13,6 +13,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import _basics, pattern
 
 from .. import op_schema
+from .canonical import is_rmsnorm
 from .driver import all_nodes
 from .report import Skip
 
@@ -136,7 +137,7 @@ def residual_skips(model: ir.Model, rules: list[pattern.RewriteRule]) -> list[Sk
     """Each Add still in front of one of our RMSNorms, with the reason it stayed."""
     found = []
     for node in all_nodes(model):
-        if node.domain != op_schema.DOMAIN or node.op_type != op_schema.OP_TYPE:
+        if not is_rmsnorm(node):
             continue
         add = _producer(node, "Add")
         cast = _producer(node, "Cast")

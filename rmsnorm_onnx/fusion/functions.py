@@ -15,19 +15,19 @@ import onnx
 import onnx.inliner
 
 from .. import op_schema
+from ..default_domain import DEFAULT_DOMAINS, canonical_domain, is_default_domain
 from ..errors import InvalidModelError
 from ..onnx_io import subgraphs
 from .algebra import STATISTIC_OPS
 from .sources import is_source_op
 
-_DEFAULT = ("", "ai.onnx")
 # our ops' bodies, which the pass writes itself; other functions of our domain are inlined as
 # any (onnx.compose.add_prefix renames our bodies to a_RMSNorm, the nodes calling them too)
 _OUR_OPS = {(op_schema.DOMAIN, name) for name in op_schema.OP_TYPES}
 
 
 def _holds_norm(node: onnx.NodeProto) -> bool:
-    if node.domain in _DEFAULT and node.op_type in STATISTIC_OPS:
+    if is_default_domain(node.domain) and node.op_type in STATISTIC_OPS:
         return True
     if is_source_op(node.domain, node.op_type):
         return True
@@ -49,7 +49,8 @@ def norm_functions(proto: onnx.ModelProto) -> list[tuple[str, str]]:
     bodies = {
         (f.domain, f.name, f.overload): list(f.node)
         for f in proto.functions
-        if f.domain not in (op_schema.MS_DOMAIN, *_DEFAULT) and (f.domain, f.name) not in _OUR_OPS
+        if f.domain not in (op_schema.MS_DOMAIN, *DEFAULT_DOMAINS)
+        and (f.domain, f.name) not in _OUR_OPS
     }  # (a function named as one of onnxruntime's ops is not what onnxruntime runs: its kernel)
     marked = {key for key, nodes in bodies.items() if any(_holds_norm(n) for n in nodes)}
     changed = True
@@ -93,11 +94,10 @@ def _with_defaults(proto: onnx.ModelProto, selected: list[tuple[str, str]]) -> o
 
 def _opset_clash(proto: onnx.ModelProto) -> str | None:
     """The first function that imports a domain of the model at another version, said."""
-    canon = {"ai.onnx": ""}
-    model = {canon.get(o.domain, o.domain): o.version for o in proto.opset_import}
+    model = {canonical_domain(o.domain): o.version for o in proto.opset_import}
     for f in proto.functions:
         for o in f.opset_import:
-            domain = canon.get(o.domain, o.domain)
+            domain = canonical_domain(o.domain)
             if model.get(domain, o.version) != o.version:
                 return (
                     f"function '{f.domain}::{f.name}' imports {domain or 'ai.onnx'} opset "

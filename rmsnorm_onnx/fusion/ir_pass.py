@@ -20,9 +20,9 @@ from __future__ import annotations
 import onnx
 import onnx_ir as ir
 
-from .. import op_schema
 from ..onnx_io import all_graphs
 from . import targets
+from .canonical import is_skip
 from .report import FuseReport
 from .targets import Target
 
@@ -86,7 +86,7 @@ def _name_unread_sums(model: onnx.ModelProto) -> None:
     taken |= {v if isinstance(v, str) else v.name for g in graphs for v in g.input}
     for graph in graphs:
         for node in graph.node:
-            if node.domain != op_schema.DOMAIN or node.op_type != op_schema.SKIP_OP_TYPE:
+            if not is_skip(node):
                 continue
             if len(node.output) > 1 and not node.output[1]:
                 name, k = f"{node.output[0]}_sum", 1

@@ -19,6 +19,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common
 
 from .. import op_schema
+from ..default_domain import default_version
 from . import canonical, opset
 from .builder import Builder, Unsupported, plain_ops
 from .canonical import Norm
@@ -29,9 +30,9 @@ from .targets import Target
 
 def _canonical_nodes(model: ir.Model) -> Iterator[tuple[ir.Node, int, ir.Graph | ir.Function]]:
     """Every canonical node with its default opset and the graph or function importing it."""
-    main = opset.version(model.opset_imports)
+    main = default_version(model.opset_imports, 1)
     for container in containers(model):
-        version = opset.version(container.opset_imports, main)
+        version = default_version(container.opset_imports, main)
         for node in ir.traversal.RecursiveGraphIterator(container):
             if canonical.is_canonical(node):
                 yield node, version, container

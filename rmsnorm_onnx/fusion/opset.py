@@ -18,8 +18,8 @@ import onnx_ir as ir
 from onnx import defs
 
 from .. import op_schema
+from ..default_domain import DEFAULT_DOMAINS, default_version
 from .driver import containers
-from .values import DEFAULT_DOMAINS, default_domain_version
 
 STANDARD_OPSET = 23  # ONNX RMSNormalization's first opset
 _REDUCE = (
@@ -181,14 +181,8 @@ def blockers(model: ir.Model, to: int = STANDARD_OPSET) -> list[str]:
 
 
 def _containers(model: ir.Model) -> list[tuple[ir.Graph | ir.Function, int]]:
-    main = version(model.opset_imports)
-    return [(c, version(c.opset_imports, main)) for c in containers(model)]
-
-
-def version(imports: dict[str, int], fallback: int = 1) -> int:
-    """The default-domain opset of ``imports`` (under either name), else ``fallback``."""
-    found = default_domain_version(imports)
-    return fallback if found is None else found
+    main = default_version(model.opset_imports, 1)
+    return [(c, default_version(c.opset_imports, main)) for c in containers(model)]
 
 
 def _set_default(imports: dict[str, int], value: int) -> None:
@@ -201,7 +195,7 @@ def one_default_import(model: ir.Model) -> None:
     """Import the default domain under "" only, where the model or a function names it
     "ai.onnx" (ONNX allows both, and rules and lowerings then look under one name)."""
     for container in containers(model):
-        found = default_domain_version(container.opset_imports)
+        found = default_version(container.opset_imports)
         if found is not None:
             _set_default(container.opset_imports, found)
 

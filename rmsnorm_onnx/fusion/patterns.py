@@ -235,7 +235,3 @@ def absorb_rules() -> list[pattern.RewriteRule]:
 
 def rule_set(rules: list[pattern.RewriteRule]) -> pattern.RewriteRuleSet:
     return pattern.RewriteRuleSet(rules, commute=True)
-
-
-def is_fused(node: ir.Node) -> bool:
-    return node.domain == op_schema.DOMAIN and node.op_type == op_schema.OP_TYPE

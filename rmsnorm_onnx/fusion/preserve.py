@@ -18,11 +18,12 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
+from ..default_domain import default_version
 from ..errors import InvalidModelError
 from ..onnx_io import all_graphs
 from ..op_schema import ORT_NORM, ORT_SKIP_NORM
 from .driver import containers
-from .values import default_domain_version, negatives_unknown
+from .values import negatives_unknown
 
 # onnxruntime 1.31, the newest release tested, reads IR versions up to 13
 ORT_MAX_IR_VERSION = 13
@@ -240,8 +241,7 @@ def carry_over(proto: onnx.ModelProto, fused: onnx.ModelProto) -> list[str]:
     if not proto.training_info:
         return []
     before, after = (
-        default_domain_version({o.domain: o.version for o in m.opset_import})
-        for m in (proto, fused)
+        default_version({o.domain: o.version for o in m.opset_import}) for m in (proto, fused)
     )
     if before != after:  # its graphs run at the model's opset, which the target raised
         return [

@@ -21,8 +21,9 @@ import onnx_ir as ir
 import onnxscript.optimizer
 
 from .. import op_schema
+from ..default_domain import is_default_domain
 from . import diagnose, driver, patterns, recognise, skip, sources, types
-from .canonical import PATTERN_TAG, SOURCE_TAG, is_canonical
+from .canonical import PATTERN_TAG, SOURCE_TAG, is_canonical, is_rmsnorm
 from .report import FROM_PLAIN_OPS, FuseReport
 from .values import HALF_TYPES
 
@@ -34,7 +35,7 @@ def _canonical(model: ir.Model) -> list[ir.Node]:
 
 
 def _norms(model: ir.Model) -> list[ir.Node]:
-    return [node for node in driver.all_nodes(model) if patterns.is_fused(node)]
+    return [node for node in driver.all_nodes(model) if is_rmsnorm(node)]
 
 
 def canonicalize(
@@ -96,7 +97,7 @@ def canonicalize(
 
 def _no_op_cast(node: ir.Node | None) -> ir.Value | None:
     """The input of a Cast or CastLike to the type its input has already, else None."""
-    if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
+    if node is None or not is_default_domain(node.domain) or not node.inputs:
         return None
     source = node.inputs[0]
     if source is None or source.dtype is None:
@@ -114,7 +115,7 @@ def _widened_param(value: ir.Value, x: ir.Value | None) -> ir.Value | None:
     """w for a scale or bias Cast(w, float32) where w has X's half type: the op widens a half
     parameter itself (exactly), as our half bodies do with a Cast."""
     node = value.producer()
-    if node is None or node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+    if node is None or node.op_type != "Cast" or not is_default_domain(node.domain):
         return None
     source = node.inputs[0] if node.inputs else None
     if source is None or x is None or x.dtype not in HALF_TYPES or source.dtype != x.dtype:

@@ -24,6 +24,7 @@ import numpy as np
 import onnx_ir as ir
 
 from .. import op_schema
+from ..default_domain import default_version, is_default_domain
 from .algebra import (
     STATISTIC_OPS,
     MeanSquare,
@@ -86,15 +87,14 @@ class Verdict:
 
 
 def _opset(model: ir.Model) -> int:
-    imports = model.opset_imports
-    return int(imports.get("", imports.get("ai.onnx", 1)))
+    return default_version(model.opset_imports, 1)
 
 
 def candidates(graph_nodes: Iterable[ir.Node], reader: Reader) -> list[ir.Node]:
     """Every statistic: a node that reads as a mean of squares, or as a near miss of one."""
     found = []
     for node in graph_nodes:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in STATISTIC_OPS:
+        if not is_default_domain(node.domain) or node.op_type not in STATISTIC_OPS:
             continue
         read = reader.expand(node.outputs[0])
         if isinstance(read, Miss) or read.statistic():
@@ -305,7 +305,7 @@ def reach(stat: ir.Node) -> list[ir.Value]:
         nxt = []
         for value in frontier:
             for consumer in value.consumers():
-                if consumer.domain not in ("", "ai.onnx") or consumer.op_type not in WALK_OPS:
+                if not is_default_domain(consumer.domain) or consumer.op_type not in WALK_OPS:
                     continue
                 if consumer.graph is not stat.graph:
                     continue

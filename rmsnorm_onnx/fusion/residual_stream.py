@@ -34,11 +34,12 @@ from collections.abc import Iterable
 import onnx_ir as ir
 
 from .. import op_schema
+from ..default_domain import is_default_domain
 from ..errors import UsageError
 from . import canonical
 from .driver import containers
 from .report import ABSORBED_ADD, FuseReport
-from .values import DEFAULT_DOMAINS, HALF_TYPES
+from .values import HALF_TYPES
 
 RESIDUAL_DTYPES = ("float32",)  # the stream's types a fuse can be asked for
 _FLOAT = ir.DataType.FLOAT
@@ -89,7 +90,7 @@ def _half_skip_norm(node: ir.Node) -> canonical.Norm | None:
 def _stream_add(node: ir.Node, values: dict[ir.Value, None]) -> bool:
     """An Add of two half values of one type, one of them in the stream: a residual Add no norm
     absorbed (a bias Add on the stream is one too: it moves the stream)."""
-    if node.op_type != "Add" or node.domain not in DEFAULT_DOMAINS or len(node.inputs) != 2:
+    if node.op_type != "Add" or not is_default_domain(node.domain) or len(node.inputs) != 2:
         return False
     a, b = node.inputs
     if a is None or b is None or a.dtype not in HALF_TYPES or a.dtype != b.dtype:
@@ -101,7 +102,7 @@ def _residual_entry(node: ir.Node) -> int | None:
     """Which operand of a half Add is the residual h of ``h + F(norm(h))``: the one that one of
     our norms reads as X while the other operand is computed from that norm's Y (the stream's
     first residual Add where no norm absorbed it); None for any other Add."""
-    if node.op_type != "Add" or node.domain not in DEFAULT_DOMAINS or len(node.inputs) != 2:
+    if node.op_type != "Add" or not is_default_domain(node.domain) or len(node.inputs) != 2:
         return None
     a, b = node.inputs
     if a is None or b is None or a.dtype not in HALF_TYPES or a.dtype != b.dtype:
@@ -119,7 +120,7 @@ def _residual_entry(node: ir.Node) -> int | None:
 def _stream_clip(node: ir.Node, values: dict[ir.Value, None]) -> bool:
     """A clamp of a stream value: Clip, or the Max and Min that torch's exporter writes for T5's
     clamp of its half stream (bounds computed in the graph)."""
-    if node.domain not in DEFAULT_DOMAINS or not node.inputs:
+    if not is_default_domain(node.domain) or not node.inputs:
         return False
     if node.op_type == "Clip":
         return node.inputs[0] in values
@@ -131,9 +132,7 @@ def _stream_clip(node: ir.Node, values: dict[ir.Value, None]) -> bool:
 
 def _norm_on(node: ir.Node, values: dict[ir.Value, None]) -> bool:
     """Our RMSNorm reading a stream value (the last residual Add, not absorbed)."""
-    if not canonical.is_canonical(node) or canonical.is_skip(node):
-        return False
-    return canonical.Norm.read(node).x in values
+    return canonical.is_rmsnorm(node) and canonical.Norm.read(node).x in values
 
 
 def _depends_on(value: ir.Value, ancestor: ir.Value, limit: int = 100_000) -> bool:

@@ -21,6 +21,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from .. import op_schema
+from ..default_domain import canonical_domain
 from ..op_schema import MS_DOMAIN, ORT_SKIP_NORM
 from .canonical import SOURCE_TAG, is_canonical
 from .dims import fits_normalized, leading_ones
@@ -214,7 +215,7 @@ def source_ops() -> frozenset[tuple[str, str]]:
 
 def is_source_op(domain: str, op_type: str) -> bool:
     """Whether a rule of this module applies to ``domain::op_type`` ("ai.onnx" is "")."""
-    return ("" if domain == "ai.onnx" else domain, op_type) in source_ops()
+    return (canonical_domain(domain), op_type) in source_ops()
 
 
 def is_source(node: ir.Node) -> bool:

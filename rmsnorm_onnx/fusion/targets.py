@@ -28,6 +28,7 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from .. import cuda_picks, target_names
+from ..default_domain import is_default_domain
 from ..op_schema import MS_DOMAIN, ONNX_NORM, OP_TYPE, ORT_NORM, ORT_SKIP_NORM
 from . import skip
 from .builder import Builder, add_bias, label, outputs, plain_ops, residual, typed_norm
@@ -172,7 +173,7 @@ def _default_add(value: ir.Value, constant: bool = True) -> tuple[ir.Value, ir.V
     """(the constant operand, the other) of an Add making ``value`` (``constant``), or its two
     activations; None where it is no such Add."""
     node = value.producer()
-    if node is None or node.op_type != "Add" or node.domain not in ("", "ai.onnx"):
+    if node is None or node.op_type != "Add" or not is_default_domain(node.domain):
         return None
     if len(node.inputs) != 2 or None in node.inputs:
         return None

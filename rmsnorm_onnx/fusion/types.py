@@ -26,6 +26,7 @@ import onnx.external_data_helper
 import onnx_ir as ir
 from onnx import defs
 
+from ..default_domain import DEFAULT_DOMAINS, is_default_domain
 from ..onnx_io import all_tensors, without_defaults
 from ..op_schema import MS_DOMAIN
 from .algebra import STATISTIC_OPS
@@ -33,14 +34,14 @@ from .sources import is_source
 from .values import negatives_unknown
 
 _log = logging.getLogger(__name__)
-_HANDLED_DOMAINS = ("", "ai.onnx", MS_DOMAIN)
+_HANDLED_DOMAINS = (*DEFAULT_DOMAINS, MS_DOMAIN)
 _NEAR_A_NORM = STATISTIC_OPS | {"Add", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Cast"}
 
 
 def _untyped(model: ir.Model) -> list[ir.Value]:
     found = []
     for node in model.graph:
-        near = node.domain in ("", "ai.onnx") and node.op_type in _NEAR_A_NORM
+        near = is_default_domain(node.domain) and node.op_type in _NEAR_A_NORM
         if not near and not is_source(node):
             continue
         found += [v for v in node.inputs if v is not None and (v.dtype is None or v.shape is None)]

@@ -5,13 +5,13 @@ Only small tensors are ever read (exponents, epsilons, axes, Gemma's scale); wei
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
 from .. import op_schema
+from ..default_domain import DEFAULT_DOMAINS, default_version
 from ..errors import InvalidModelError
 
 # X's element types our ops take -> the type they compute in (a scale or bias may have either):
@@ -307,10 +307,8 @@ def scalar(value: ir.Value | None) -> float | None:
 
 def default_opset(context: Any) -> int:
     """The default-domain opset a match runs under (functions carry their own imports)."""
-    version = default_domain_version(context.graph_or_function.opset_imports)
-    if version is None:
-        version = default_domain_version(context.model.opset_imports)
-    return 1 if version is None else version
+    main = default_version(context.model.opset_imports, 1)
+    return default_version(context.graph_or_function.opset_imports, main)
 
 
 def static_dims(value: ir.Value, axis: int) -> list[int] | None:
@@ -395,17 +393,6 @@ def dim_tokens(value: ir.Value) -> tuple[object, ...] | None:
         else:
             tokens.append(object())
     return tuple(tokens)
-
-
-DEFAULT_DOMAINS = ("", "ai.onnx")  # two names ONNX allows for one domain
-
-
-def default_domain_version(imports: Mapping[str, int]) -> int | None:
-    """The default-domain opset ``imports`` name, under "" or "ai.onnx"; None where neither."""
-    for name in DEFAULT_DOMAINS:
-        if name in imports:
-            return int(imports[name])
-    return None
 
 
 def one_plus_constant(w: ir.Value) -> np.ndarray | None:

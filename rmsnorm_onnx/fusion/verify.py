@@ -13,6 +13,7 @@ import onnx
 
 from .. import onnx_io, op_functions
 from ..compare import compare_arrays
+from ..element_types import ELEMENT_TYPES
 from ..errors import RMSNormOnnxError
 from ..reference import tolerance
 from .algebra import STATISTIC_OPS
@@ -117,9 +118,7 @@ def random_inputs(
     return feeds
 
 
-_HALF = {
-    t: onnx_io.NUMPY_TYPES[t].name for t in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-}
+_HALF = {t.onnx_type: t.name for t in ELEMENT_TYPES if t.half}
 
 
 def _working_type(model: onnx.ModelProto, output: np.dtype) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 import onnx
 
+from ..default_domain import canonical_domain, proto_default_version
 from ..errors import InvalidModelError
 from ..onnx_io import subgraphs
 from ..op_schema import MS_DOMAIN, ORT_NORM, ORT_SKIP_NORM
@@ -36,7 +37,7 @@ class _Kinds:
         self._cache: dict[tuple[str, str], dict[str, int]] = {}
 
     def __call__(self, node: onnx.NodeProto) -> dict[str, int]:
-        key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+        key = (canonical_domain(node.domain), node.op_type)
         if key not in self._cache:
             kinds = _FOREIGN_KINDS.get(key, {})
             if not kinds and key[0] == "" and self.opset:
@@ -110,12 +111,12 @@ def _check_graph(
 def check(model: onnx.ModelProto, source: str = "model") -> None:
     """Raise InvalidModelError unless every graph and function reads only defined values,
     defines each value once, and gives each attribute of a known op the kind it takes."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = proto_default_version(model.opset_import)
     kinds = _Kinds(opset)
     _check_graph(model.graph, set(), "main graph", source, kinds)
     for f in model.functions:
         where = f"function {f.domain}::{f.name}"
-        f_opset = next((o.version for o in f.opset_import if o.domain in ("", "ai.onnx")), opset)
+        f_opset = proto_default_version(f.opset_import, opset)
         f_kinds = kinds if f_opset == opset else _Kinds(f_opset)
         _check_nodes(f.node, set(f.input), where, source, set(f.input), f_kinds)
 
