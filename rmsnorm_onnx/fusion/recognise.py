@@ -26,6 +26,7 @@ import onnx_ir as ir
 from .. import op_schema
 from .algebra import (
     STATISTIC_OPS,
+    WALK_OPS,
     MeanSquare,
     Miss,
     Product,
@@ -49,12 +50,6 @@ from .values import (
     squeezed,
 )
 
-# the ops a norm is made of, and Q/DQ (walked through to say that they round the chain)
-WALK_OPS = frozenset(
-    {"Mul", "Div", "Reciprocal", "Sqrt", "Pow", "Add", "Cast", "CastLike", "Identity",
-     "QuantizeLinear", "DequantizeLinear", "Unsqueeze", "Squeeze", "Reshape", "Expand",
-     "Max", "Min", "Clip"}  # never part of a norm: walked for the reason they give
-)  # fmt: skip
 _DEPTH = 12  # ops from the statistic to the norm's output: Add, Sqrt, Reciprocal, Mul, Cast, Mul...
 _COEF_TOLERANCE = 4e-7  # 1/N folded in float32 (1/768, 1/√N) rounds: a few ulp of 1 is 1
 # how sure a reason is that it says what differs (the report keeps the surest)
