@@ -59,7 +59,7 @@ _OTHER_USE, _SURE, _SHAPE = 4, 3, 2
 
 
 @dataclasses.dataclass
-class Norm:
+class RecognisedNorm:
     """A value that is exactly an RMSNorm, and what to build for it."""
 
     value: ir.Value
@@ -75,7 +75,7 @@ class Norm:
 
 @dataclasses.dataclass
 class Verdict:
-    norm: Norm | None = None
+    norm: RecognisedNorm | None = None
     reason: str | None = None
     sureness: int = 0
     scale_note: bool = False  # the reason is about a scale factor that stays outside
@@ -123,7 +123,7 @@ def decide(value: ir.Value, read: Product | Miss, stat: ir.Node) -> Verdict:
     label = _label(read, eps, outside, numerator is not x or x.dtype != ms.x.dtype)
     interior = [n for n in read.interior if n.graph is value.producer().graph]
     coef = 1.0 if abs(read.coef - 1.0) <= _COEF_TOLERANCE else read.coef
-    return Verdict(Norm(value, x, scale, ms.axis, eps, outside, interior, label, coef))
+    return Verdict(RecognisedNorm(value, x, scale, ms.axis, eps, outside, interior, label, coef))
 
 
 def _factors(
@@ -245,7 +245,7 @@ def _input_of_type(numerator: ir.Value, dtype: ir.DataType | None) -> ir.Value |
     return None
 
 
-def other_use(norm: Norm) -> str | None:
+def other_use(norm: RecognisedNorm) -> str | None:
     """Why the chain cannot go: an intermediate is read elsewhere, or is a graph output.
     Readers that only feed the chain itself go with it (added to ``norm.interior``): jax2onnx
     sizes the broadcast of a dynamic-batch mean from the Shape of the mean."""
@@ -313,10 +313,12 @@ def reach(stat: ir.Node) -> list[ir.Value]:
     return list(seen)
 
 
-def examine(stat: ir.Node, reader: Reader) -> tuple[Norm | None, Verdict | None, list[str]]:
+def examine(
+    stat: ir.Node, reader: Reader
+) -> tuple[RecognisedNorm | None, Verdict | None, list[str]]:
     """The norm a statistic belongs to (the furthest exact one), else the surest near miss;
     and notes on a scale factor that stays outside the fused norm."""
-    best: Norm | None = None
+    best: RecognisedNorm | None = None
     miss: Verdict | None = None
     scale_misses: list[tuple[ir.Value, Verdict]] = []
     for value in reach(stat):
@@ -345,13 +347,13 @@ def examine(stat: ir.Node, reader: Reader) -> tuple[Norm | None, Verdict | None,
     return best, miss, notes
 
 
-def rewrite(norm: Norm) -> ir.Node:
+def rewrite(norm: RecognisedNorm) -> ir.Node:
     """Replace the chain that ends in ``norm.value`` by one RMSNorm node."""
     producer = norm.value.producer()
     graph = producer.graph
     scale = _folded(norm.scale, graph, producer) if norm.scale is not None else None
     if norm.coef != 1.0 and scale is not None:
-        scale = _constant(_weight(scale) * np.asarray(norm.coef), scale, graph, producer)
+        scale = _insert_constant(_weight(scale) * np.asarray(norm.coef), scale, graph, producer)
     attrs: dict[str, Any] = {"epsilon": float(norm.eps), "axis": int(norm.axis)}
     if norm.outside:
         attrs["eps_outside"] = 1
@@ -362,7 +364,7 @@ def rewrite(norm: Norm) -> ir.Node:
         label += " +scale" if scale is norm.scale else " +scale(1+w folded)"
     flat = None if scale is None else squeezed(scale, -norm.axis if norm.axis < 0 else None)
     if flat is not None:  # a constant [1, 1, H]: the op takes the normalized dims only
-        scale = _constant(flat, scale, graph, producer)
+        scale = _insert_constant(flat, scale, graph, producer)
     inputs = [norm.x] if scale is None else [norm.x, scale]
     node = ir.node(
         op_schema.OP_TYPE,
@@ -383,10 +385,12 @@ def rewrite(norm: Norm) -> ir.Node:
 def _folded(scale: ir.Value, graph: ir.Graph, before: ir.Node) -> ir.Value:
     """Gemma's ``1 + w`` with constant w as one constant (computed in w's type), else ``scale``."""
     array = one_plus_constant(scale)
-    return scale if array is None else _constant(array, scale, graph, before)
+    return scale if array is None else _insert_constant(array, scale, graph, before)
 
 
-def _constant(array: np.ndarray, scale: ir.Value, graph: ir.Graph, before: ir.Node) -> ir.Value:
+def _insert_constant(
+    array: np.ndarray, scale: ir.Value, graph: ir.Graph, before: ir.Node
+) -> ir.Value:
     """A Constant node of ``array`` in the scale's type, inserted before ``before``."""
     folded = ir.tensor(np.asarray(array).astype(scale.dtype.numpy()))
     constant = ir.node("Constant", [], attributes={"value": folded})
@@ -453,4 +457,4 @@ def _no_chain(stat: ir.Node) -> str:
     )
 
 
-__all__ = ["Norm", "raise_decomposed"]
+__all__ = ["RecognisedNorm", "raise_decomposed"]
