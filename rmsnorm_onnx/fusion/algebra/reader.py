@@ -2,13 +2,14 @@
 
 A row names the op, its kind and the case that reads it. The kinds say what the raise stage does
 with the op beyond reading it: a statistic is a candidate (:data:`STATISTIC_OPS`); the ops of the
-walked kinds are those :func:`.recognise.reach` walks forward through from a statistic to find
+walked kinds are those :func:`..recognise.reach` walks forward through from a statistic to find
 the norm's output (:data:`WALK_OPS`). An op without a row is a leaf.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -21,6 +22,8 @@ from .product import MAX_DEPTH, Case, Miss, Product, is_number, shared, term_key
 
 @dataclasses.dataclass(frozen=True)
 class Kind:
+    """What an op is to a norm, beyond how it reads."""
+
     name: str
     walked: bool  # the raise stage walks on through it from a statistic
 
@@ -35,6 +38,8 @@ OPERAND = Kind("operand", walked=False)  # read where it is an operand: x - 0, |
 
 
 class Row(NamedTuple):
+    """One op case: its kind, and the function that reads the op's output."""
+
     kind: Kind
     read: Case
 
@@ -70,7 +75,7 @@ CASES: dict[str, Row] = {
 }
 
 
-def _ops(wanted) -> frozenset[str]:
+def _ops(wanted: Callable[[Kind], bool]) -> frozenset[str]:
     return frozenset(op for op, row in CASES.items() if wanted(row.kind))
 
 
