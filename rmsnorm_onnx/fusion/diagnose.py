@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import onnx_ir as ir
-from onnxscript.rewriter import _basics, pattern
+from onnxscript.rewriter import pattern
 
 from .. import op_schema
 from .canonical import is_rmsnorm
@@ -20,17 +20,18 @@ from .report import Skip
 _OTHER_USES = "Matched nodes have other uses preventing replacement."
 
 
-class _Closest:
-    """A duck-typed MatchingTracer: keeps the best-scoring attempt that touched the anchor."""
+class _Closest(pattern.MatchingTracer):
+    """Keeps the best-scoring attempt that touched the anchor (the matcher logs each)."""
 
     def __init__(self, anchor: ir.Node) -> None:
+        super().__init__()
         self.anchor = anchor
-        self.best: tuple[tuple[int, int], _basics.MatchResult] | None = None
+        self.best: tuple[tuple[int, int], pattern.MatchResult] | None = None
         self.root: ir.Node | None = None
 
     def log(self, rule, container, node, match_result, status) -> None:
         nodes = list(match_result.nodes)
-        if status == _basics.MatchStatus.NO_MATCH and self.anchor not in nodes:
+        if status == pattern.MatchStatus.NO_MATCH and self.anchor not in nodes:
             return
         score = (int(status), len(nodes))
         if self.best is None or score > self.best[0]:
@@ -58,7 +59,7 @@ def read_outside(nodes: Sequence[ir.Node], result: ir.Value | None) -> str | Non
     return None
 
 
-def _other_uses(result: _basics.MatchResult, root: ir.Node | None) -> str:
+def _other_uses(result: pattern.MatchResult, root: ir.Node | None) -> str:
     nodes = list(result.nodes)
     if root is not None:  # its first output is the one the rewrite replaces
         for value in root.outputs[1:]:
@@ -92,7 +93,7 @@ def partial_notes(model: ir.Model, rules: list[pattern.RewriteRule]) -> list[str
             tracer = _Closest(node)
             for rule in rules:
                 rule.match(model, consumer.graph, consumer, tracer=tracer)
-            if tracer.best is None or tracer.best[0][0] == int(_basics.MatchStatus.NO_MATCH):
+            if tracer.best is None or tracer.best[0][0] == int(pattern.MatchStatus.NO_MATCH):
                 continue
             result = tracer.best[1]
             if result.reason == _OTHER_USES:

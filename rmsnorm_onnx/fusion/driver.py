@@ -4,6 +4,9 @@ onnxscript's ``RewriteRuleSet`` tries each rule (about a hundred once Add/Mul op
 commuted) at each node of the graph. Here each candidate node (a source op, or a node next to a
 canonical norm) is tried only with the rules whose pattern ends in its op type;
 matching, checks, rewrite and replacement are still the rewriter's own.
+
+This is the one module that reads a private part of onnxscript (a rule's pattern, for its root
+op); the rest of the pass uses only its public ``pattern`` API.
 """
 
 from __future__ import annotations

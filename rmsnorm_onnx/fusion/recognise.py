@@ -27,6 +27,7 @@ from .. import op_schema
 from ..default_domain import default_version, is_default_domain
 from .algebra import (
     STATISTIC_OPS,
+    WALK_OPS,
     MeanSquare,
     Miss,
     Product,
@@ -49,12 +50,6 @@ from .values import (
     reshaped_constant,
 )
 
-# the ops a norm is made of, and Q/DQ (walked through to say that they round the chain)
-WALK_OPS = frozenset(
-    {"Mul", "Div", "Reciprocal", "Sqrt", "Pow", "Add", "Cast", "CastLike", "Identity",
-     "QuantizeLinear", "DequantizeLinear", "Unsqueeze", "Squeeze", "Reshape", "Expand",
-     "Max", "Min", "Clip"}  # never part of a norm: walked for the reason they give
-)  # fmt: skip
 _DEPTH = 12  # ops from the statistic to the norm's output: Add, Sqrt, Reciprocal, Mul, Cast, Mul...
 _COEF_TOLERANCE = 4e-7  # 1/N folded in float32 (1/768, 1/√N) rounds: a few ulp of 1 is 1
 # how sure a reason is that it says what differs (the report keeps the surest)
@@ -64,7 +59,7 @@ _OTHER_USE, _SURE, _SHAPE = 4, 3, 2
 
 
 @dataclasses.dataclass
-class Norm:
+class RecognisedNorm:
     """A value that is exactly an RMSNorm, and what to build for it."""
 
     value: ir.Value
@@ -80,7 +75,7 @@ class Norm:
 
 @dataclasses.dataclass
 class Verdict:
-    norm: Norm | None = None
+    norm: RecognisedNorm | None = None
     reason: str | None = None
     sureness: int = 0
     scale_note: bool = False  # the reason is about a scale factor that stays outside
@@ -127,7 +122,7 @@ def decide(value: ir.Value, read: Product | Miss, stat: ir.Node) -> Verdict:
     label = _label(read, eps, outside, numerator is not x or x.dtype != ms.x.dtype)
     interior = [n for n in read.interior if n.graph is value.producer().graph]
     coef = 1.0 if abs(read.coef - 1.0) <= _COEF_TOLERANCE else read.coef
-    return Verdict(Norm(value, x, scale, ms.axis, eps, outside, interior, label, coef))
+    return Verdict(RecognisedNorm(value, x, scale, ms.axis, eps, outside, interior, label, coef))
 
 
 def _factors(
@@ -249,7 +244,7 @@ def _input_of_type(numerator: ir.Value, dtype: ir.DataType | None) -> ir.Value |
     return None
 
 
-def other_use(norm: Norm) -> str | None:
+def other_use(norm: RecognisedNorm) -> str | None:
     """Why the chain cannot go: an intermediate is read elsewhere, or is a graph output.
     Readers that only feed the chain itself go with it (added to ``norm.interior``): jax2onnx
     sizes the broadcast of a dynamic-batch mean from the Shape of the mean."""
@@ -317,10 +312,12 @@ def reach(stat: ir.Node) -> list[ir.Value]:
     return list(seen)
 
 
-def examine(stat: ir.Node, reader: Reader) -> tuple[Norm | None, Verdict | None, list[str]]:
+def examine(
+    stat: ir.Node, reader: Reader
+) -> tuple[RecognisedNorm | None, Verdict | None, list[str]]:
     """The norm a statistic belongs to (the furthest exact one), else the surest near miss;
     and notes on a scale factor that stays outside the fused norm."""
-    best: Norm | None = None
+    best: RecognisedNorm | None = None
     miss: Verdict | None = None
     scale_misses: list[tuple[ir.Value, Verdict]] = []
     for value in reach(stat):
@@ -349,13 +346,13 @@ def examine(stat: ir.Node, reader: Reader) -> tuple[Norm | None, Verdict | None,
     return best, miss, notes
 
 
-def rewrite(norm: Norm) -> ir.Node:
+def rewrite(norm: RecognisedNorm) -> ir.Node:
     """Replace the chain that ends in ``norm.value`` by one RMSNorm node."""
     producer = norm.value.producer()
     graph = producer.graph
     scale = _folded(norm.scale, graph, producer) if norm.scale is not None else None
     if norm.coef != 1.0 and scale is not None:
-        scale = _constant(_weight(scale) * np.asarray(norm.coef), scale, graph, producer)
+        scale = _insert_constant(_weight(scale) * np.asarray(norm.coef), scale, graph, producer)
     attrs: dict[str, Any] = {"epsilon": float(norm.eps), "axis": int(norm.axis)}
     if norm.outside:
         attrs["eps_outside"] = 1
@@ -366,7 +363,7 @@ def rewrite(norm: Norm) -> ir.Node:
         label += " +scale" if scale is norm.scale else " +scale(1+w folded)"
     flat = None if scale is None else squeezed(scale, -norm.axis if norm.axis < 0 else None)
     if flat is not None:  # a constant [1, 1, H]: the op takes the normalized dims only
-        scale = _constant(flat, scale, graph, producer)
+        scale = _insert_constant(flat, scale, graph, producer)
     inputs = [norm.x] if scale is None else [norm.x, scale]
     node = ir.node(
         op_schema.OP_TYPE,
@@ -387,10 +384,12 @@ def rewrite(norm: Norm) -> ir.Node:
 def _folded(scale: ir.Value, graph: ir.Graph, before: ir.Node) -> ir.Value:
     """Gemma's ``1 + w`` with constant w as one constant (computed in w's type), else ``scale``."""
     array = one_plus_constant(scale)
-    return scale if array is None else _constant(array, scale, graph, before)
+    return scale if array is None else _insert_constant(array, scale, graph, before)
 
 
-def _constant(array: np.ndarray, scale: ir.Value, graph: ir.Graph, before: ir.Node) -> ir.Value:
+def _insert_constant(
+    array: np.ndarray, scale: ir.Value, graph: ir.Graph, before: ir.Node
+) -> ir.Value:
     """A Constant node of ``array`` in the scale's type, inserted before ``before``."""
     folded = ir.tensor(np.asarray(array).astype(scale.dtype.numpy()))
     constant = ir.node("Constant", [], attributes={"value": folded})
@@ -457,4 +456,4 @@ def _no_chain(stat: ir.Node) -> str:
     )
 
 
-__all__ = ["Norm", "raise_decomposed"]
+__all__ = ["RecognisedNorm", "raise_decomposed"]

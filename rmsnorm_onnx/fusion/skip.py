@@ -32,7 +32,8 @@ from .values import HALF_TYPES, dim_tokens
 LABEL = " +residual Add"
 
 
-def _constant(value: ir.Value) -> bool:
+def _is_constant(value: ir.Value) -> bool:
+    """A Constant's output, or an initializer that no caller can override (not a graph input)."""
     producer = value.producer()
     constant_node = producer is not None and producer.op_type == "Constant"
     return constant_node or (value.const_value is not None and not value.is_graph_input())
@@ -76,7 +77,7 @@ def x_and_skip(
     skip op stays possible), else the one of higher rank: SkipRMSNorm broadcasts the two against
     each other over the leading dims as the Add does."""
     for value in (a, b):
-        if _constant(value):
+        if _is_constant(value):
             return f"the Add has a constant operand '{value.name}': a bias, not a residual"
     if a.dtype is None or b.dtype is None:
         return "the element type of an operand of the Add is unknown"
