@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/kernel_args.h"
 #include "cuda/launch_choice.h"
-#include "cuda/rmsnorm_kernel.h"
 
 namespace rmsnorm_onnx::cuda {
 
