@@ -146,7 +146,7 @@ def library_path() -> Path:
 
 
 class Emulator:
-    """ctypes binding of cuda/emulated_api.cc."""
+    """ctypes binding of cuda/emulation/emulated_api.cc."""
 
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))

@@ -1,7 +1,7 @@
 // Which kernel a launch of the CUDA RMSNorm / SkipRMSNorm gets, and with what shape (LaunchConfig,
 // ChooseLaunchConfig), and the checks of its Params (CheckParams): host-side functions shared by
-// the CUDA launcher (rmsnorm.cu) and the host emulation (emulated_api.cc), so that the emulated
-// tests run exactly the configurations a GPU would get. Plain C++: no CUDA header needed.
+// the CUDA launcher (rmsnorm.cu) and the host emulation (emulation/emulated_api.cc), so that the
+// emulated tests run exactly the configurations a GPU would get. Plain C++: no CUDA header needed.
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -1,6 +1,7 @@
 // The RMSNorm / SkipRMSNorm kernel body, written once over a primitives policy `P`:
 //   CudaPrimitives (primitives_cuda.cuh): threadIdx, __shfl_xor_sync, __syncthreads, LDG/STG;
-//   HostPrimitives (primitives_host.h):  fibers, an exact shuffle emulation, checked memory.
+//   HostPrimitives (emulation/primitives_host.h): fibers, an exact shuffle emulation, checked
+//   memory.
 // nvcc compiles it into the kernels of rmsnorm.cu; g++ compiles it into the emulation the tests
 // run. Policy surface: Storage<DType> ThreadIdx Warp BlockDim BlockIdx GridDim ShflXor AnySync
 // SyncWarp SyncThreads ReductionSlots DynamicShared Load LoadReadOnly Prefetch Opaque Store

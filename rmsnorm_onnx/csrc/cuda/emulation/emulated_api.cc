@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "cuda/dispatch.h"
-#include "cuda/emulator.h"
+#include "cuda/emulation/emulator.h"
 #include "cuda/launch_params.h"
 #include "cuda/launch_choice.h"
 #include "cuda/launch_protocol.h"
-#include "cuda/primitives_host.h"
+#include "cuda/emulation/primitives_host.h"
 #include "cuda/rmsnorm_kernel.h"
 
 namespace rmsnorm_onnx::cuda {
