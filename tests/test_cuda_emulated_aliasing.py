@@ -183,3 +183,23 @@ def test_overlaps_other_than_an_exact_input_are_refused_emulated(emu, case):
         bias = bias[1]
     with pytest.raises(RuntimeError, match="share memory"):
         emu.run(x, y, scale, bias, skip=skip, sum_out=s)
+
+
+@pytest.mark.parametrize("alias", ["S=X", "Y=skip"])
+def test_float32_residual_outputs_over_the_other_type_are_refused_emulated(emu, alias):
+    """A float32 S over the half X (or a half Y over the float32 skip) is no exact input of its
+    shape: its bytes run past the input's (or stop short), refused as any partial overlap."""
+    rows, cols = 4, 64
+    raw = buffer((rows * cols * 2,), DTYPES["float32"])
+    raw[...] = 1.0
+    x, y = buffer((rows, cols), DTYPES["float16"]), buffer((rows, cols), DTYPES["float16"])
+    skip, s = buffer((rows, cols), DTYPES["float32"]), buffer((rows, cols), DTYPES["float32"])
+    x[...], skip[...] = 1.0, 2.0
+    if alias == "S=X":
+        x = raw.view(np.float16)[: rows * cols].reshape(rows, cols)
+        s = raw[: rows * cols].reshape(rows, cols)
+    else:
+        skip = raw[: rows * cols].reshape(rows, cols)
+        y = raw.view(np.float16)[: rows * cols].reshape(rows, cols)
+    with pytest.raises(RuntimeError, match="share memory"):
+        emu.run(x, y, skip=skip, sum_out=s)
