@@ -81,10 +81,12 @@ class _Params(ctypes.Structure):  # emulated_api.cc's RmsnormEmulatedParams
         *((name, ctypes.c_int64 * MAX_ROW_DIMS) for name in ("y_lead", "x_lead", "skip_lead")),
         ("ladder", ctypes.c_int32),
         ("decode_rows", ctypes.c_int64),
+        ("skip_type", ctypes.c_int32),  # 0: X's
     ]
 
 
-_CONFIG_INTS = ("mode", "family", "skip", "vec", "items", "lanes", "threads", "rows_per_block")
+_CONFIG_INTS = ("mode", "family", "skip", "skip_f32", "vec", "items", "lanes", "threads")
+_CONFIG_INTS += ("rows_per_block",)
 
 
 class _Config(ctypes.Structure):  # emulated_api.cc's RmsnormEmulatedConfig
@@ -102,6 +104,7 @@ class Config:
     mode: str
     family: str
     skip: bool
+    skip_f32: bool  # a float32 skip and S beside a 16-bit X (the float32 residual stream)
     vec: int
     items: int
     lanes: int
@@ -119,7 +122,8 @@ class Config:
             MODES[c.mode],
             FAMILIES[c.family],
             bool(c.skip),
-            *(getattr(c, name) for name in _CONFIG_INTS[3:]),
+            bool(c.skip_f32),
+            *(getattr(c, name) for name in _CONFIG_INTS[4:]),
             c.smem_bytes,
             c.grid,
             c.threads_launched,
@@ -142,7 +146,7 @@ def library_path() -> Path:
 
 
 class Emulator:
-    """ctypes binding of cuda/emulated_api.cc."""
+    """ctypes binding of cuda/emulation/emulated_api.cc."""
 
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
@@ -173,6 +177,7 @@ class Emulator:
         skip_addr: int = 0,
         sum_addr: int = 0,
         skip_rows: int | None = None,
+        skip_dtype: str | None = None,
         scale_addr: int = 0,
         scale_dtype: str | None = None,
         scale_pair: tuple[int, int] | None = None,
@@ -186,7 +191,7 @@ class Emulator:
         ladder: str | None = None,
     ) -> _Params:
         """launch_params.h's Params (pointers as addresses); a parameter pair defaults to full
-        size."""
+        size; skip and S have X's type unless ``skip_dtype`` says otherwise."""
         return _Params(
             x=x_addr,
             y=y_addr,
@@ -210,6 +215,7 @@ class Emulator:
             epsilon=epsilon,
             ladder=LADDERS.index(ladder or self.ladder),
             decode_rows=self.decode_rows,
+            skip_type=ONNX_TYPES[skip_dtype] if skip_dtype else 0,
         )
 
     def config(
@@ -248,9 +254,11 @@ class Emulator:
         ladder: str | None = None,
     ) -> Config:
         """Y = RMSNorm(X) (or of S = X + skip, S stored into sum_out) over the last axis of 2-D
-        x, y; skip is [skip_rows, cols] with skip_rows dividing rows. ``leads``: the leading dims
-        of Y, X and skip (one rank, 1s padded on the left) where X and skip broadcast against
-        each other (x, skip hold their own rows, y and sum_out Y's). Raises with the error."""
+        x, y; skip is [skip_rows, cols] with skip_rows dividing rows, of X's dtype or float32
+        (with a 16-bit X: the float32 residual stream, sum_out float32 too). ``leads``: the
+        leading dims of Y, X and skip (one rank, 1s padded on the left) where X and skip
+        broadcast against each other (x, skip hold their own rows, y and sum_out Y's). Raises
+        with the error."""
         rows, cols = y.shape
         assert x.flags.c_contiguous and y.flags.c_contiguous
         assert leads is not None or x.shape == y.shape
@@ -271,6 +279,7 @@ class Emulator:
             skip_addr=addr(skip),
             sum_addr=addr(sum_out),
             skip_rows=rows if skip is None else skip.shape[0],
+            skip_dtype=None if skip is None else skip.dtype.name,
             scale_addr=addr(scale),
             scale_dtype=None if scale is None else scale.dtype.name,
             scale_pair=scale_pair,
@@ -389,7 +398,7 @@ def normalize(
         skip_full = (1,) * (x.ndim - skip.ndim) + skip.shape
         kwargs["leads"] = (out[:axis], x.shape[:axis], skip_full[:axis])
         if sum_offset is not None:
-            s = buffer(out, x.dtype, sum_offset)
+            s = buffer(out, reference.sum_dtype(x.dtype, skip.dtype), sum_offset)
             s[...] = np.nan
             kwargs["sum_out"] = s.reshape(rows, cols)
     config = emu.run(

@@ -23,10 +23,12 @@ BUDGET_ARCH = "sm_90"  # the register budgets below are read at Hopper
 # dispatch.h, per op (RMSNorm, SkipRMSNorm): specialized kernels (full vectors; warp mode and
 # MultiWarp with 1 or 2 vectors per lane, block mode) of 2 families for float32 and float64 and 3
 # for each 16-bit type, and Generic kernels (full vectors or element-wide; warp, MultiWarp and
-# block mode) for each type
+# block mode) for each type; and SkipRMSNorm's float32 residual stream, the same for each 16-bit
+# type
 SPECIALIZED = (2 + 3 + 3 + 2) * 5
 GENERIC = 4 * 2 * 3
-KERNELS_PER_ARCHITECTURE = 2 * (SPECIALIZED + GENERIC)
+F32_RESIDUAL = 2 * (3 * 5 + 2 * 3)
+KERNELS_PER_ARCHITECTURE = 2 * (SPECIALIZED + GENERIC) + F32_RESIDUAL
 # rmsnorm.cu's launch bounds: ptxas may use 65536 / (threads x min blocks) registers
 MAX_REGISTERS = {
     "warp": 48,
@@ -63,11 +65,12 @@ class KernelUsage:
 
     @property
     def name(self) -> str:
-        """Readable kernel name, e.g. ``SkipRMSNorm bfloat16 vec8 items1 warp scale_same``."""
+        """Readable kernel name, e.g. ``SkipRMSNorm bfloat16 vec8 items1 warp scale_same``
+        (``SkipRMSNorm+f32skip`` for the float32 residual stream's)."""
         m = self._match
         if not m:
             return self.symbol
-        op = "SkipRMSNorm" if m["skip"] else "RMSNorm"
+        op = "RMSNorm" if not m["skip"] else "SkipRMSNorm+f32skip" if m["f32"] else "SkipRMSNorm"
         dtype = TYPES.get(m["type"], m["type"])
         return f"{op} {dtype} vec{m['vec']} items{m['items']} {self.kind} {self.family}"
 
@@ -92,10 +95,12 @@ class KernelUsage:
         return bool(m and m["skip"])
 
 
-# rmsnorm.cu: [Skip]RmsNorm[Generic](Warp|MultiWarp|Block)Kernel<T, VEC, ITEMS, Family>; the words
-# in the names say which is which, so the budgets below need no template arguments
+# rmsnorm.cu: [Skip]RmsNorm[F32Residual][Generic](Warp|MultiWarp|Block)Kernel<T, VEC, ITEMS,
+# Family>; the words in the names say which is which, so the budgets below need no template
+# arguments
 _KERNEL = re.compile(
-    r"(?P<skip>Skip)?RmsNorm(?P<generic>Generic)?(?P<mode>MultiWarp|Warp|Block)KernelI(?P<type>\w+?)"
+    r"(?P<skip>Skip)?RmsNorm(?P<f32>F32Residual)?(?P<generic>Generic)?"
+    r"(?P<mode>MultiWarp|Warp|Block)KernelI(?P<type>\w+?)"
     r"Li(?P<vec>\d+)ELi(?P<items>\d+)E(?:LN\w+?6FamilyE(?P<family>\d)E)?"
 )
 
@@ -238,3 +243,10 @@ def test_parser_reads_spills_and_registers():
     m = KernelUsage(multi, "sm_90", 0, 0, 0, 41)
     assert m.name == "SkipRMSNorm float16 vec8 items2 multiwarp scale_same"
     assert m.registers > BUDGET[m.kind]
+    f32 = (
+        "_ZN12rmsnorm_onnx4cuda12_GLOBAL__N_137SkipRmsNormF32ResidualMultiWarpKernelI6__half"
+        "Li4ELi2ELNS0_6FamilyE3EEEvNS0_10KernelArgsE"
+    )
+    r = KernelUsage(f32, "sm_90", 0, 0, 0, 41)
+    assert r.name == "SkipRMSNorm+f32skip float16 vec4 items2 multiwarp scale_f32"
+    assert r.registers > BUDGET[r.kind]

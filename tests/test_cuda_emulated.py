@@ -109,14 +109,23 @@ DEVICE_CASES = [
 ]
 
 
-def case_configs(emu: Emulator, skip: bool) -> Iterator[tuple[str, Config]]:
-    """The configuration of every case below (with `skip`: of the same cases in
+# the ops as the kernels split them: RMSNorm, SkipRMSNorm, and SkipRMSNorm's float32 residual
+# stream (a float32 skip and S beside a 16-bit X)
+OPS = ("RMSNorm", "SkipRMSNorm", "SkipRMSNorm-f32skip")
+
+
+def case_configs(emu: Emulator, op: str) -> Iterator[tuple[str, Config]]:
+    """The configuration of every case below (for SkipRMSNorm: of the same cases in
     test_cuda_emulated_skip.py, which runs these hidden sizes with every kind of scale/bias and
-    X, skip, Y, S misaligned alike or not)."""
+    X, skip, Y, S misaligned alike or not; its float32 residual stream for the 16-bit types)."""
+    f32 = op == "SkipRMSNorm-f32skip"
 
     def config(dtype: str, cols: int, lay: Layout, kind: str, device: str = DEFAULT_DEVICE):
         size = DTYPES[dtype].itemsize
-        extra = {"skip_addr": (1 << 22) + lay.x * size} if skip else {}
+        extra = {}
+        if op != "RMSNorm":
+            extra["skip_addr"] = (1 << 22) + lay.x * (4 if f32 else size)
+            extra["skip_dtype"] = "float32" if f32 else dtype
         if kind != "none":
             extra["scale_addr"] = (1 << 20) + lay.params * size
             extra["scale_dtype"] = (
@@ -134,36 +143,61 @@ def case_configs(emu: Emulator, skip: bool) -> Iterator[tuple[str, Config]]:
             **extra,
         )
 
+    def wanted(d: str) -> bool:
+        return not f32 or d in ("float16", "bfloat16")
+
     for d, h in HIDDEN_CASES:
         for kind in PARAM_KINDS:
-            yield d, config(d, h, LAYOUTS[0], kind)
+            if wanted(d):
+                yield d, config(d, h, LAYOUTS[0], kind)
     for d, h, lay in LAYOUT_CASES:
-        yield d, config(d, h, lay, "scale_bias")
+        if wanted(d):
+            yield d, config(d, h, lay, "scale_bias")
     for d, h, dev, lay in DEVICE_CASES:
-        yield d, config(d, h, lay, "scale", dev)
+        if wanted(d):
+            yield d, config(d, h, lay, "scale", dev)
 
 
-def compiled_kernels(skip: bool) -> set[tuple]:
-    """dispatch.h's instantiations: (dtype, vec, mode, items, family, skip)."""
+def kernel_types(op: str) -> list[tuple[str, int]]:
+    """(X's dtype, the bytes of its row type: skip's and S's) the op's kernels are compiled for."""
+    if op == "SkipRMSNorm-f32skip":
+        return [("float16", 4), ("bfloat16", 4)]
+    return [("float32", 4), ("float16", 2), ("bfloat16", 2), ("float64", 8)]
+
+
+def kernel_key(d: str, c: Config) -> tuple:
+    return (d, c.vec, c.mode, c.items, c.family, c.skip, c.skip_f32)
+
+
+def compiled_kernels(op: str) -> set[tuple]:
+    """dispatch.h's instantiations: kernel_key's (dtype, vec, mode, items, family, skip,
+    skip_f32); vectors of 16 bytes of the wider of X's and the row type."""
     out = set()
-    for d, size in (("float32", 4), ("float16", 2), ("bfloat16", 2), ("float64", 8)):
-        families = ("no_scale", "scale_same") + (("scale_f32",) if size == 2 else ())
+    skip, f32 = op != "RMSNorm", op == "SkipRMSNorm-f32skip"
+    for d, size in kernel_types(op):
+        full = 16 // max(size, DTYPES[d].itemsize)
+        families = ("no_scale", "scale_same") + (("scale_f32",) if d in HALF else ())
         for f in families:
             for mode, items in (("warp", 1), ("warp", 2), ("block", 2)):
-                out.add((d, 16 // size, mode, items, f, skip))
-        for vec in (1, 16 // size):
+                out.add((d, full, mode, items, f, skip, f32))
+        for vec in (1, full):
             for mode in ("warp", "block"):
-                out.add((d, vec, mode, 2, "generic", skip))
+                out.add((d, vec, mode, 2, "generic", skip, f32))
     return out
 
 
-@pytest.mark.parametrize("skip", [False, True], ids=["RMSNorm", "SkipRMSNorm"])
-def test_cases_reach_every_kernel_emulated(emu, skip):
+HALF = ("float16", "bfloat16")
+# test_cuda_build.py: 2 x 46 + 26 of its kernels per architecture
+OLD_TABLE_KERNELS = {"RMSNorm": 46, "SkipRMSNorm": 46, "SkipRMSNorm-f32skip": 26}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_cases_reach_every_kernel_emulated(emu, op):
     """The runs, together, execute every kernel instantiation of the old table (the new table's:
     test_cuda_emulated_ladder.py)."""
-    reached = {(d, c.vec, c.mode, c.items, c.family, c.skip) for d, c in case_configs(emu, skip)}
-    compiled = compiled_kernels(skip)
-    assert len(compiled) == 46  # test_cuda_build.py: 92 of its kernels per architecture
+    reached = {kernel_key(d, c) for d, c in case_configs(emu, op)}
+    compiled = compiled_kernels(op)
+    assert len(compiled) == OLD_TABLE_KERNELS[op]
     assert reached == compiled, f"never run: {sorted(compiled - reached)}"
 
 

@@ -6,7 +6,8 @@ registers, parked in shared memory, and re-read past both; the Generic kernels) 
 rescue, which reads the row again. The emulator fails a read-only (non-coherent) load of a byte the
 launch has already stored, as a GPU may serve it stale. Y against the reference of the inputs as
 they were before the launch, S bit for bit. Overlaps other than "an output is exactly an input of
-its shape" are refused (the same rule as the custom op's, op_common.cc).
+its shape" are refused (the same rule as the custom op's, op_common.cc). The float32 residual
+stream (a 16-bit X, float32 skip and S) binds what has one type: S over skip, Y over X.
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ SHAPES = [
     ("float32", 65537, "sm_75"),  # Generic block kernel, read again
     ("bfloat16", 33, "sm_90"),  # Generic warp kernel (element-wide tail)
 ]
+# the float32 residual stream's: (dtype, hidden, device) with a float32 skip and S
+F32_SHAPES = [
+    ("float16", 200, "sm_90"),  # warp mode
+    ("bfloat16", 2048, "sm_90"),  # block mode, the row in registers
+    ("float16", 8192, "sm_90"),  # block mode, part of the row in shared memory
+    ("bfloat16", 65536, "sm_75"),  # block mode, most of the row read again
+    ("float16", 33, "sm_90"),  # Generic warp kernel
+]
+F32_ALIASES = ("S=skip", "Y=X", "Y=X,S=skip", "Y=X,noS")  # buffers of one type
 # Rows whose float32 sum of squares overflows: the rescue reads S (or X) again, element-wise.
 RESCUE = [
     ("float32", 64, "sm_90", 1e25),
@@ -40,23 +50,23 @@ RESCUE = [
 ]
 
 
-def run_skip_aliased(emu, rng, dtype, hidden, alias, device, magnitude=1.0):
-    dt = DTYPES[dtype]
+def run_skip_aliased(emu, rng, dtype, hidden, alias, device, magnitude=1.0, skip_dtype=None):
+    dt, kt = DTYPES[dtype], DTYPES[skip_dtype or dtype]
     shape = (3 if hidden < 65536 else 2, hidden)
     x0 = (rng.standard_normal(shape) * 1.5 + 0.25) * magnitude
     x0[1] /= magnitude  # an ordinary row beside large ones
     k0 = rng.standard_normal(shape) * magnitude / 3
-    x0, k0 = x0.astype(dt), k0.astype(dt)
+    x0, k0 = x0.astype(dt), k0.astype(kt)
     scale = filled(rng.uniform(0.5, 1.5, hidden), dt)
     bufs = {"x": filled(x0, dt)}
-    bufs["skip"] = bufs["x"] if alias.get("skip") == "x" else filled(k0, dt)
+    bufs["skip"] = bufs["x"] if alias.get("skip") == "x" else filled(k0, kt)
     if alias.get("skip") == "x":
         k0 = x0
 
     def output(name):
         if name in alias:
             return None if alias[name] is None else bufs[alias[name]]
-        out = buffer(shape, dt)
+        out = buffer(shape, dt if name == "y" else reference.sum_dtype(dt, kt))
         out[...] = np.nan
         return out
 
@@ -67,7 +77,7 @@ def run_skip_aliased(emu, rng, dtype, hidden, alias, device, magnitude=1.0):
     rtol, atol = reference.tolerance(dtype)
     np.testing.assert_allclose(y.astype(np.float64), expected_y, rtol=rtol, atol=atol)
     if s is not None:
-        bits = UINT[dt.itemsize]
+        bits = UINT[s.dtype.itemsize]
         np.testing.assert_array_equal(s.view(bits), np.ascontiguousarray(expected_s).view(bits))
 
 
@@ -81,6 +91,29 @@ CASES = [(d, h, dev, a) for d, h, dev in SHAPES for a in ALIASES]
 )
 def test_skip_outputs_over_inputs_emulated(emu, rng, dtype, hidden, device, alias):
     run_skip_aliased(emu, rng, dtype, hidden, ALIASES[alias], device)
+
+
+# rows whose float32 sum of squares overflows too where X can hold them (bfloat16)
+F32_CASES = [
+    (d, h, dev, a, m)
+    for d, h, dev in F32_SHAPES
+    for a in F32_ALIASES
+    for m in ((1.0, 1e25) if d == "bfloat16" else (1.0,))
+]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "hidden", "device", "alias", "magnitude"),
+    F32_CASES,
+    ids=[f"{d}+f32skip-h{h}-{dev}-{a}-{m:g}" for d, h, dev, a, m in F32_CASES],
+)
+def test_float32_residual_outputs_over_inputs_emulated(
+    emu, rng, dtype, hidden, device, alias, magnitude
+):
+    """The float32 stream updated in place, ordinary rows and rescued ones."""
+    run_skip_aliased(
+        emu, rng, dtype, hidden, ALIASES[alias], device, magnitude, skip_dtype="float32"
+    )
 
 
 RESCUE_CASES = [(d, h, dev, m, a) for d, h, dev, m in RESCUE for a in ALIASES]
@@ -150,3 +183,23 @@ def test_overlaps_other_than_an_exact_input_are_refused_emulated(emu, case):
         bias = bias[1]
     with pytest.raises(RuntimeError, match="share memory"):
         emu.run(x, y, scale, bias, skip=skip, sum_out=s)
+
+
+@pytest.mark.parametrize("alias", ["S=X", "Y=skip"])
+def test_float32_residual_outputs_over_the_other_type_are_refused_emulated(emu, alias):
+    """A float32 S over the half X (or a half Y over the float32 skip) is no exact input of its
+    shape: its bytes run past the input's (or stop short), refused as any partial overlap."""
+    rows, cols = 4, 64
+    raw = buffer((rows * cols * 2,), DTYPES["float32"])
+    raw[...] = 1.0
+    x, y = buffer((rows, cols), DTYPES["float16"]), buffer((rows, cols), DTYPES["float16"])
+    skip, s = buffer((rows, cols), DTYPES["float32"]), buffer((rows, cols), DTYPES["float32"])
+    x[...], skip[...] = 1.0, 2.0
+    if alias == "S=X":
+        x = raw.view(np.float16)[: rows * cols].reshape(rows, cols)
+        s = raw[: rows * cols].reshape(rows, cols)
+    else:
+        skip = raw[: rows * cols].reshape(rows, cols)
+        y = raw.view(np.float16)[: rows * cols].reshape(rows, cols)
+    with pytest.raises(RuntimeError, match="share memory"):
+        emu.run(x, y, skip=skip, sum_out=s)

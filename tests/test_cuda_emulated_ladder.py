@@ -6,8 +6,10 @@ The table: the small-row warp kernels up to 1 KB rows (as before), then 2-16 war
 run test of the old table's files is collected here again with the new table, twice: with the
 decode rung (their 2-6 rows take it) and without it (the same rows get the many-row rungs), so
 tails, misaligned rows, scale and bias kinds, broadcast row maps, aliasing, the overflow rescue
-and random thread schedules run on every new configuration. float64 rows take the same rungs by
-their bytes and compute in float64 there (reference.TOLERANCES: 1e-12). The old table stays
+and random thread schedules run on every new configuration (the float32 residual stream's too:
+test_cuda_emulated_skip.py runs it). float64 rows take the same rungs by their bytes and compute
+in float64 there (reference.TOLERANCES: 1e-12); a float32 skip and S beside a 16-bit X by the
+bytes of their float32 row. The old table stays
 selectable (RMSNORM_ONNX_CUDA_LADDER=old|new) so one GPU run can time both.
 """
 
@@ -19,8 +21,12 @@ from cuda_emulator import DEVICES, DTYPES, MODES, Emulator, filled, normalize
 
 # the run tests of the old table's files, collected again here with this module's `emu`
 from test_cuda_emulated import (  # noqa: F401
+    HALF,
+    OPS,
     assert_matches,
     data,
+    kernel_key,
+    kernel_types,
     make_params,
     test_any_byte_offset_emulated,
     test_blocks_stride_over_rows_emulated,
@@ -39,6 +45,7 @@ from test_cuda_emulated_aliasing import (  # noqa: F401
 from test_cuda_emulated_skip import (  # noqa: F401
     check,
     scale_for,
+    test_float32_residual_past_half_range_emulated,
     test_skip_broadcast_over_leading_rows_emulated,
     test_skip_hidden_sizes_emulated,
     test_skip_large_values_rescaled_emulated,
@@ -208,25 +215,32 @@ def test_ladder_limits_emulated(new, dtype, rows):
             assert c.grid == -(-rows // c.rows_per_block), where
 
 
-def compiled_ladder_kernels(skip: bool) -> set[tuple]:
-    """dispatch.h's instantiations for the new table only: (dtype, vec, mode, items, family,
-    skip)."""
+def compiled_ladder_kernels(op: str) -> set[tuple]:
+    """dispatch.h's instantiations for the new table only: kernel_key's (dtype, vec, mode, items,
+    family, skip, skip_f32)."""
     out = set()
-    for d, size in (("float32", 4), ("float16", 2), ("bfloat16", 2), ("float64", 8)):
-        families = ("no_scale", "scale_same") + (("scale_f32",) if size == 2 else ())
-        out |= {(d, 16 // size, "multiwarp", i, f, skip) for f in families for i in (1, 2)}
-        out |= {(d, vec, "multiwarp", 2, "generic", skip) for vec in (1, 16 // size)}
+    skip, f32 = op != "RMSNorm", op == "SkipRMSNorm-f32skip"
+    for d, size in kernel_types(op):
+        full = 16 // max(size, DTYPES[d].itemsize)
+        families = ("no_scale", "scale_same") + (("scale_f32",) if d in HALF else ())
+        out |= {(d, full, "multiwarp", i, f, skip, f32) for f in families for i in (1, 2)}
+        out |= {(d, vec, "multiwarp", 2, "generic", skip, f32) for vec in (1, full)}
     return out
 
 
-def ladder_cases(emu: Emulator, skip: bool):
+def ladder_cases(emu: Emulator, op: str):
     """The configurations of the cases below and of the collected tests' hidden sizes."""
-    for d, size in (("float32", 4), ("float16", 2), ("bfloat16", 2), ("float64", 8)):
+    f32_skip = op == "SkipRMSNorm-f32skip"
+    for d, row_size in kernel_types(op):
+        size = DTYPES[d].itemsize
         for rows in (8, 4096):
             for h in (100, 512, 1000, 1024, 2048, 4096, 4100, 8192):
                 for kind in ("none", "scale", "scale_f32", "scale_bias"):
                     for misaligned, y_off in ((0, 0), (1, 1), (1, 0)):
-                        extra = {"skip_addr": (1 << 22) + misaligned * size} if skip else {}
+                        extra = {}
+                        if op != "RMSNorm":
+                            extra["skip_addr"] = (1 << 22) + misaligned * row_size
+                            extra["skip_dtype"] = "float32" if f32_skip else d
                         if kind != "none":
                             extra["scale_addr"] = 1 << 20
                             # "scale_f32": X's compute type (float64's own)
@@ -247,13 +261,17 @@ def ladder_cases(emu: Emulator, skip: bool):
                         )
 
 
-@pytest.mark.parametrize("skip", [False, True], ids=["RMSNorm", "SkipRMSNorm"])
-def test_ladder_cases_reach_every_new_kernel_emulated(new, skip):
+# test_cuda_build.py: 2 x 28 + 16 more kernels per architecture
+NEW_TABLE_KERNELS = {"RMSNorm": 28, "SkipRMSNorm": 28, "SkipRMSNorm-f32skip": 16}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_ladder_cases_reach_every_new_kernel_emulated(new, op):
     """The shapes below (and the collected tests', which have these widths) run every kernel the
     new table adds."""
-    reached = {(d, c.vec, c.mode, c.items, c.family, c.skip) for d, c in ladder_cases(new, skip)}
-    compiled = compiled_ladder_kernels(skip)
-    assert len(compiled) == 28  # test_cuda_build.py: 56 more kernels per architecture
+    reached = {kernel_key(d, c) for d, c in ladder_cases(new, op)}
+    compiled = compiled_ladder_kernels(op)
+    assert len(compiled) == NEW_TABLE_KERNELS[op]
     assert compiled <= reached, f"never run: {sorted(compiled - reached)}"
 
 
@@ -263,37 +281,43 @@ def test_ladder_cases_reach_every_new_kernel_emulated(new, skip):
 # rung) to 16 KB (the MultiWarp rungs: 2 KB is 2 rows a block) and 4100 elements (Generic or past
 # the rungs: the block kernel); the old table's block kernels at longer rows run in
 # test_cuda_emulated*.py (and collected above).
+# (op, X's dtype, the row's: skip's and S's): the rungs go by the row's bytes
+RUN_TYPES = [(op, d, d) for op in OPS[:2] for d in DTYPES]
+RUN_TYPES += [(OPS[2], d, "float32") for d in HALF]
 RUN_CASES = [
-    (d, h, kind)
-    for d in DTYPES
+    (op, d, t, h, kind)
+    for op, d, t in RUN_TYPES
     for h in (256, 512, 1000, 1024, 2048, 4096, 4100, 8192)
-    if 1024 <= h * DTYPES[d].itemsize <= 16384 or h == 4100
+    if 1024 <= h * DTYPES[t].itemsize <= 16384 or h == 4100
     for kind in ("none", "scale", "scale_f32", "scale_bias")
     if not (kind == "scale_f32" and d in ("float32", "float64"))  # their own compute type
 ]
 
 
 @pytest.mark.parametrize(
-    ("dtype", "hidden", "kind"), RUN_CASES, ids=[f"{d}-h{h}-{k}" for d, h, k in RUN_CASES]
+    ("op", "dtype", "row_dtype", "hidden", "kind"),
+    RUN_CASES,
+    ids=[f"{op}-{d}-h{h}-{k}" for op, d, _, h, k in RUN_CASES],
 )
-@pytest.mark.parametrize("skip", [False, True], ids=["RMSNorm", "SkipRMSNorm"])
-def test_ladder_rungs_emulated(emu, rng, dtype, hidden, kind, skip):
-    """Each rung with every scale kind, RMSNorm and SkipRMSNorm (S stored), X read once: 8 rows
-    with the decode rung, 70 without (the last block part empty: 2 or 4 rows per block; 70 rows
-    with the decode rung would run the same configurations)."""
+def test_ladder_rungs_emulated(emu, rng, op, dtype, row_dtype, hidden, kind):
+    """Each rung with every scale kind, RMSNorm and SkipRMSNorm (S stored; of X's type or the
+    float32 residual stream), X read once: 8 rows with the decode rung, 70 without (the last
+    block part empty: 2 or 4 rows per block; 70 rows with the decode rung would run the same
+    configurations)."""
     rows = 8 if emu.decode_rows else 70
     dt = DTYPES[dtype]
     x = filled(data(rng, (rows, hidden)), dt)
     scale, bias = scale_for(rng, hidden, dt, kind)
-    if skip:
-        k = filled(data(rng, (rows, hidden)), dt)
+    k = None
+    if op != "RMSNorm":
+        k = filled(data(rng, (rows, hidden)), DTYPES[row_dtype])
         y, s, c = normalize(emu, x, -1, scale, bias, skip=k, sum_offset=0, seed=rows)
         check(y, s, x, k, scale, bias)
     else:
         y, c = normalize(emu, x, -1, scale, bias, seed=rows)
         assert_matches(y, x, -1, scale, bias)
-    if c.mode != "block":
-        assert c.row_data_bytes == x.nbytes * (2 if skip else 1), c  # the row stays on chip
+    if c.mode != "block":  # the row stays on chip
+        assert c.row_data_bytes == x.nbytes + (0 if k is None else k.nbytes), c
 
 
 RESCUE_SHAPES = [
@@ -304,6 +328,8 @@ RESCUE_SHAPES = [
     ("float64", 200),
     ("float64", 2000),
 ]
+# the float32 residual stream's rescued rows: (X's dtype, hidden), the magnitude in the skip
+F32_RESCUE_SHAPES = [("float16", 768), ("bfloat16", 4096)]
 # a magnitude whose squares overflow the compute type (float32; float64's own)
 RESCUE_MAGNITUDE = {"float64": 1e160}
 
@@ -333,6 +359,24 @@ def test_ladder_one_row_of_a_block_rescued_emulated(emu, rng, dtype, hidden, ski
     assert c.mode == "multiwarp"
     if emu.decode_rows == 0 and hidden * dt.itemsize <= 2048:
         assert c.rows_per_block == 2
+
+
+@pytest.mark.parametrize(
+    ("dtype", "hidden"), F32_RESCUE_SHAPES, ids=[f"{d}-h{h}" for d, h in F32_RESCUE_SHAPES]
+)
+def test_ladder_float32_residual_row_rescued_emulated(emu, rng, dtype, hidden):
+    """The same with a float32 skip carrying the magnitude (float16 X cannot hold it): S of the
+    rescued row exact, every row as the reference's."""
+    dt = DTYPES[dtype]
+    x = filled(data(rng, (9, hidden)), dt)
+    skip = data(rng, (9, hidden))
+    skip[4] *= 1e25
+    skip = filled(skip, DTYPES["float32"])
+    scale, _ = scale_for(rng, hidden, dt, "scale")
+    with np.errstate(over="ignore"):
+        y, s, c = normalize(emu, x, -1, scale, skip=skip, sum_offset=0, seed=7)
+        check(y, s, x, skip, scale)
+    assert c.mode == "multiwarp" and c.skip_f32
 
 
 @pytest.mark.parametrize("device", list(DEVICES))

@@ -3,7 +3,9 @@
 Same emulation as test_cuda_emulated.py (see there): every load and store checked, warps drifting
 apart under seeded random schedules. Y against ``reference.skip_rms_norm`` within
 ``reference.tolerance``; S bit for bit equal to the reference's S (the sum rounded once to X's
-type, as an unfused Add computes it).
+type, as an unfused Add computes it). The float32 residual stream -- a float16 or bfloat16 X with
+a float32 skip and S, the sum and the norm in float32, Y in X's type -- runs every case too
+(``SKIP_TYPES``: its kernels have 4-element vectors, X moved 8 bytes at a time).
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ from rmsnorm_onnx import reference
 
 HIDDEN = (1, 3, 31, 32, 33, 64, 100, 128, 200, 300, 512, 1023, 1024, 4097, 8192, 65536)
 UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+# (X's dtype, skip's): each dtype with its own, and the float32 residual stream of the 16-bit ones
+SKIP_TYPES = [(d, d) for d in DTYPES] + [(d, "float32") for d in ("float16", "bfloat16")]
+
+
+def types_id(dtype: str, skip_dtype: str) -> str:
+    return dtype if skip_dtype == dtype else f"{dtype}+f32skip"
 
 
 def rows_for(cols: int) -> int:
@@ -31,7 +39,8 @@ def check(y, s, x, skip, scale=None, bias=None, *, axis=-1, **attrs) -> None:
     rtol, atol = reference.tolerance(x.dtype)
     np.testing.assert_allclose(y.astype(np.float64), expected_y, rtol=rtol, atol=atol)
     if s is not None:
-        bits = UINT[x.dtype.itemsize]
+        assert s.dtype == expected_s.dtype
+        bits = UINT[s.dtype.itemsize]
         np.testing.assert_array_equal(s.view(bits), np.ascontiguousarray(expected_s).view(bits))
 
 
@@ -47,8 +56,8 @@ def scale_for(rng, hidden: int, dt: np.dtype, kind: str, offset: int = 0):
 
 
 CASES = [
-    (d, h, with_s, kind)
-    for d in DTYPES
+    (d, k, h, with_s, kind)
+    for d, k in SKIP_TYPES
     for h in HIDDEN
     for with_s in (True, False)
     for kind in (("scale", "none") if with_s else ("scale_f32", "scale_bias"))
@@ -56,26 +65,26 @@ CASES = [
 
 
 @pytest.mark.parametrize(
-    ("dtype", "hidden", "with_s", "kind"),
+    ("dtype", "skip_dtype", "hidden", "with_s", "kind"),
     CASES,
-    ids=[f"{d}-h{h}-{'S' if s else 'noS'}-{k}" for d, h, s, k in CASES],
+    ids=[f"{types_id(d, k)}-h{h}-{'S' if s else 'noS'}-{m}" for d, k, h, s, m in CASES],
 )
-def test_skip_hidden_sizes_emulated(emu, rng, dtype, hidden, with_s, kind):
-    dt = DTYPES[dtype]
+def test_skip_hidden_sizes_emulated(emu, rng, dtype, skip_dtype, hidden, with_s, kind):
+    dt, kt = DTYPES[dtype], DTYPES[skip_dtype]
     shape = (rows_for(hidden), hidden)
-    x, skip = filled(data(rng, shape), dt), filled(data(rng, shape), dt)
+    x, skip = filled(data(rng, shape), dt), filled(data(rng, shape), kt)
     scale, bias = scale_for(rng, hidden, dt, kind)
     y, s, config = normalize(
         emu, x, -1, scale, bias, skip=skip, sum_offset=0 if with_s else None, seed=hidden % 5
     )
-    assert config.skip
+    assert config.skip and config.skip_f32 == (kt != dt)
     check(y, s, x, skip, scale, bias)
-    # X and skip read once each where registers and shared memory hold the row (all but the
-    # Generic kernel's 65536 fp32 rows: its 512 threads hold 16 KB less, and 65536 fp64 rows),
-    # or where S is stored (the rest of the row is read again from S)
-    held = config.items * config.threads * config.vec * dt.itemsize + config.smem_bytes
+    # X and skip read once each where registers and shared memory hold the row (S = X + skip,
+    # in S's type) (all but the Generic kernel's 65536 fp32 rows: its 512 threads hold 16 KB
+    # less, and 65536 fp64 rows), or where S is stored (the rest of the row is read again from S)
+    held = config.items * config.threads * config.vec * kt.itemsize + config.smem_bytes
     once = config.row_data_bytes == x.nbytes + skip.nbytes
-    assert once == (hidden * dt.itemsize <= held + 32 or with_s), config
+    assert once == (hidden * kt.itemsize <= held + 32 or with_s), config
 
 
 BROADCAST = [
@@ -91,19 +100,24 @@ BROADCAST = [
     ((3, 1, 2, 1, 64), (4, 1, 5, 64)),
     ((1, 2, 4096), (3, 1, 4096)),  # block mode
 ]
-BROADCAST_CASES = [(d, x, k) for d in DTYPES for x, k in BROADCAST]
+BROADCAST_CASES = [(d, t, x, k) for d, t in SKIP_TYPES for x, k in BROADCAST]
 
 
 @pytest.mark.parametrize(
-    ("dtype", "x_shape", "skip_shape"),
+    ("dtype", "skip_dtype", "x_shape", "skip_shape"),
     BROADCAST_CASES,
-    ids=[f"{d}-{'x'.join(map(str, x))}-skip{'x'.join(map(str, k))}" for d, x, k in BROADCAST_CASES],
+    ids=[
+        f"{types_id(d, t)}-{'x'.join(map(str, x))}-skip{'x'.join(map(str, k))}"
+        for d, t, x, k in BROADCAST_CASES
+    ],
 )
-def test_skip_broadcast_over_leading_rows_emulated(emu, rng, dtype, x_shape, skip_shape):
+def test_skip_broadcast_over_leading_rows_emulated(
+    emu, rng, dtype, skip_dtype, x_shape, skip_shape
+):
     """X and skip broadcast against each other over the leading dims: output row r adds skip's
     row MapRow(skip_map, r) to X's row MapRow(x_map, r)."""
     dt = DTYPES[dtype]
-    x, skip = filled(data(rng, x_shape), dt), filled(data(rng, skip_shape), dt)
+    x, skip = filled(data(rng, x_shape), dt), filled(data(rng, skip_shape), DTYPES[skip_dtype])
     scale, _ = scale_for(rng, x_shape[-1], dt, "scale")
     y, s, _ = normalize(emu, x, -1, scale, skip=skip, sum_offset=0, seed=3)
     check(y, s, x, skip, scale)
@@ -117,8 +131,8 @@ LAYOUTS = {
     "y_off2": (0, 0, 2, 0),
 }
 LAYOUT_CASES = [
-    (d, h, lay)
-    for d in DTYPES
+    (d, t, h, lay)
+    for d, t in SKIP_TYPES
     for h in (3, 33, 100, 1023, 4097, 8192)
     for lay in LAYOUTS
     if (d, lay) != ("float64", "y_off2")  # 2 float64 elements: 16 bytes, aligned alike
@@ -126,36 +140,42 @@ LAYOUT_CASES = [
 
 
 @pytest.mark.parametrize(
-    ("dtype", "hidden", "layout"), LAYOUT_CASES, ids=[f"{d}-h{h}-{ly}" for d, h, ly in LAYOUT_CASES]
+    ("dtype", "skip_dtype", "hidden", "layout"),
+    LAYOUT_CASES,
+    ids=[f"{types_id(d, t)}-h{h}-{ly}" for d, t, h, ly in LAYOUT_CASES],
 )
-def test_skip_misaligned_pointers_emulated(emu, rng, dtype, hidden, layout):
-    dt = DTYPES[dtype]
+def test_skip_misaligned_pointers_emulated(emu, rng, dtype, skip_dtype, hidden, layout):
+    """Offsets in elements of each buffer's own type: misaligned alike, a scalar head, then
+    vectors of 16 bytes of the wider type."""
+    dt, kt = DTYPES[dtype], DTYPES[skip_dtype]
     ox, ok, oy, os_ = LAYOUTS[layout]
     shape = (rows_for(hidden), hidden)
-    x, skip = filled(data(rng, shape), dt, ox), filled(data(rng, shape), dt, ok)
+    x, skip = filled(data(rng, shape), dt, ox), filled(data(rng, shape), kt, ok)
     scale, _ = scale_for(rng, hidden, dt, "scale")
     y, s, config = normalize(
         emu, x, -1, scale, skip=skip, y_offset=oy, sum_offset=os_, seed=hidden % 3
     )
     check(y, s, x, skip, scale)
     assert config.family == "generic"
-    assert config.vec == (16 // dt.itemsize if layout == "all_off1" else 1)
+    assert config.vec == (16 // kt.itemsize if layout == "all_off1" else 1)
 
 
-SCHEDULE_CASES = [(d, h, seed) for d in DTYPES for h in (64, 200, 4097, 65536) for seed in (1, 2)]
+SCHEDULE_CASES = [
+    (d, t, h, seed) for d, t in SKIP_TYPES for h in (64, 200, 4097, 65536) for seed in (1, 2)
+]
 
 
 @pytest.mark.parametrize(
-    ("dtype", "hidden", "seed"),
+    ("dtype", "skip_dtype", "hidden", "seed"),
     SCHEDULE_CASES,
-    ids=[f"{d}-h{h}-seed{s}" for d, h, s in SCHEDULE_CASES],
+    ids=[f"{types_id(d, t)}-h{h}-seed{s}" for d, t, h, s in SCHEDULE_CASES],
 )
-def test_skip_random_schedules_one_block_emulated(emu, rng, dtype, hidden, seed):
+def test_skip_random_schedules_one_block_emulated(emu, rng, dtype, skip_dtype, hidden, seed):
     """One block strides over every row while its warps drift apart (the slot arrays and the
     parked shared memory are reused row after row)."""
     dt = DTYPES[dtype]
     shape = (4 if hidden >= 65536 else 9, hidden)
-    x, skip = filled(data(rng, shape), dt), filled(data(rng, shape), dt)
+    x, skip = filled(data(rng, shape), dt), filled(data(rng, shape), DTYPES[skip_dtype])
     scale, _ = scale_for(rng, hidden, dt, "scale")
     y, s, _ = normalize(emu, x, -1, scale, skip=skip, sum_offset=0, max_grid=1, seed=seed)
     check(y, s, x, skip, scale)
@@ -174,18 +194,58 @@ def test_skip_sum_rounds_to_nearest_even_emulated(emu, dtype):
 
 
 @pytest.mark.parametrize(
-    ("dtype", "magnitude"), [("float32", 1e25), ("bfloat16", 1e30), ("float64", 1e160)]
+    ("dtype", "skip_dtype", "magnitude"),
+    [
+        ("float32", "float32", 1e25),
+        ("bfloat16", "bfloat16", 1e30),
+        ("float64", "float64", 1e160),
+        ("bfloat16", "float32", 1e30),
+        ("float16", "float32", 1e3),  # X within half's range, the float32 skip past it: 1e25
+    ],
+    ids=["float32", "bfloat16", "float64", "bfloat16+f32skip", "float16+f32skip"],
 )
 @pytest.mark.parametrize("hidden", [64, 4096, 65536])
-def test_skip_large_values_rescaled_emulated(emu, rng, dtype, magnitude, hidden):
+def test_skip_large_values_rescaled_emulated(emu, rng, dtype, skip_dtype, magnitude, hidden):
     """S whose float32 sum of squares overflows: normalized as the reference does, S exact."""
-    dt = DTYPES[dtype]
+    dt, kt = DTYPES[dtype], DTYPES[skip_dtype]
     shape = (2, hidden)
     x = filled(data(rng, shape) * magnitude, dt)
-    skip = filled(data(rng, shape) * magnitude / 3, dt)
+    skip = filled(data(rng, shape) * (1e25 if dtype == "float16" else magnitude / 3), kt)
     scale, _ = scale_for(rng, hidden, dt, "scale")
     y, s, _ = normalize(emu, x, -1, scale, skip=skip, sum_offset=0, seed=1)
     check(y, s, x, skip, scale)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("hidden", [100, 768, 4096])
+def test_float32_residual_past_half_range_emulated(emu, rng, dtype, hidden):
+    """What the float32 residual stream is for: S well past float16's 65504 stays float32 (exact
+    to the float32 sum) and Y comes out finite, within X's tolerance of the reference."""
+    dt = DTYPES[dtype]
+    x = filled(data(rng, (4, hidden)), dt)
+    skip = filled(data(rng, (4, hidden)) * 5e4, DTYPES["float32"])
+    y, s, config = normalize(emu, x, skip=skip, sum_offset=0, seed=4)
+    check(y, s, x, skip)
+    assert config.skip_f32 and s.dtype == np.float32 and np.abs(s).max() > 65504
+    assert np.isfinite(y.astype(np.float32)).all()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "skip_dtype", "message"),
+    [
+        ("float16", "float64", "element type not supported"),  # no such Params
+        ("float64", "float32", "skip and S must have X's type or its compute type"),
+    ],
+)
+def test_skip_of_another_type_is_refused_emulated(emu, dtype, skip_dtype, message):
+    """Only X's type or, beside a 16-bit X, float32: anything else is refused by the launcher's
+    checks (the op refuses it first, with the CPU's message: op_common.cc)."""
+    x, y = buffer((2, 8), DTYPES[dtype]), buffer((2, 8), DTYPES[dtype])
+    x[...] = 1.0
+    skip = buffer((2, 8), DTYPES[skip_dtype])
+    skip[...] = 1.0
+    with pytest.raises(RuntimeError, match=message):
+        emu.run(x, y, skip=skip)
 
 
 @pytest.mark.parametrize(

@@ -21,12 +21,14 @@ from kernel_models import (
     assert_matches,
     assert_sum_exact,
     check_variant,
+    feeds,
     make_model,
     quantize,
     run,
     run_skip,
     variant_cases,
 )
+from test_kernel_skip import RESIDUAL_TYPE_ERRORS
 
 from rmsnorm_onnx import reference
 from rmsnorm_onnx.runtime import session
@@ -301,14 +303,41 @@ def test_element_misaligned_buffer_is_a_clear_error_on_cuda(rng):
     np.testing.assert_array_equal(y.read(), x)
 
 
+def node_providers(sess, op_name: str) -> set[str]:
+    """The providers the profile shows `op_name` nodes run on (profiling on: options)."""
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    return {
+        e["args"]["provider"]
+        for e in events
+        if e.get("cat") == "Node" and e.get("args", {}).get("op_name") == op_name
+    }
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_float32_residual_stream_runs_on_the_cpu_beside_cuda(rng, dtype):
-    """The CUDA ops declare skip of X's type: a half X with a float32 skip is placed on the CPU
-    EP by onnxruntime (the CUDA kernel does not take it yet), and computes the contract there."""
-    x = quantize(rng.standard_normal((4, 768)), dtype)
-    skip = (rng.standard_normal((4, 768)) * 3e4).astype(np.float32)
+@pytest.mark.parametrize("hidden", [768, 4096, 4099])
+def test_float32_residual_stream_runs_on_cuda(rng, tmp_path, dtype, hidden):
+    """A half X with a float32 skip and S (the float32 residual stream): the CUDA ops declare it
+    as the CPU ops do, so onnxruntime places the node on the CUDA EP, and it computes the
+    contract there -- S exact to the float32 sum, past float16's range, Y in X's tolerance."""
+    x = quantize(rng.standard_normal((4, hidden)), dtype)
+    skip = (rng.standard_normal((4, hidden)) * 3e4).astype(np.float32)
     model = make_model(dtype, skip_dtype="float32", with_sum=True)
-    y, s = run_skip(model, x, skip, providers=("cuda",))
+    opts = ort.SessionOptions()
+    opts.enable_profiling = True
+    opts.profile_file_prefix = str(tmp_path / "profile")
+    sess = session(model, providers=("cuda",), options=opts)
+    y, s = sess.run(None, feeds(x, skip=skip))
     expected_y, expected_s = reference.skip_rms_norm(x, skip)
-    assert_matches(y, expected_y, dtype)
-    assert_sum_exact(s, expected_s)
+    assert_matches(np.asarray(y).astype(np.float64), expected_y, dtype)
+    assert_sum_exact(np.asarray(s), expected_s)
+    assert node_providers(sess, "SkipRMSNorm") == {"CUDAExecutionProvider"}
+
+
+@pytest.mark.parametrize(
+    ("x_dtype", "skip_dtype", "param_dtype", "pattern"), RESIDUAL_TYPE_ERRORS, ids=str
+)
+def test_residual_stream_type_errors_on_cuda(x_dtype, skip_dtype, param_dtype, pattern):
+    """A skip or scale of a type the op does not take: the CPU's message, at session creation."""
+    model = make_model(x_dtype, skip_dtype=skip_dtype, scale_dtype=param_dtype, with_sum=True)
+    with pytest.raises(ORT_ERRORS, match=rf"SkipRMSNorm node 'rmsnorm'.*{pattern}"):
+        session(model, providers=("cuda",))

@@ -352,31 +352,33 @@ def test_float32_residual_stream_at_every_row_alignment(rng, monkeypatch, dtype,
     assert_matches(y, expected_y, dtype)
 
 
+# (X, skip, scale, the message): the same on every provider (test_kernel_gpu.py runs them on CUDA)
+RESIDUAL_TYPE_ERRORS = [
+    # a float32 skip is the stream of a half X only
+    ("float32", "float16", None, r"skip has type tensor\(float16\); it must have X's type"),
+    (
+        "float16",
+        "float64",
+        None,
+        r"skip has type tensor\(double\); it must have X's type "
+        r"\(tensor\(float16\)\) or tensor\(float\)",
+    ),
+    ("bfloat16", "float16", None, r"skip has type tensor\(float16\)"),
+    (
+        "float64",
+        "float32",
+        None,
+        r"skip has type tensor\(float\); it must have X's type "
+        r"\(tensor\(double\)\)",
+    ),
+    # scale or bias of a third type
+    ("float16", "float32", "bfloat16", r"scale has type tensor\(bfloat16\)"),
+    ("float16", "float32", "float64", r"scale has type tensor\(double\)"),
+]
+
+
 @pytest.mark.parametrize(
-    ("x_dtype", "skip_dtype", "param_dtype", "pattern"),
-    [
-        # a float32 skip is the stream of a half X only
-        ("float32", "float16", None, r"skip has type tensor\(float16\); it must have X's type"),
-        (
-            "float16",
-            "float64",
-            None,
-            r"skip has type tensor\(double\); it must have X's type "
-            r"\(tensor\(float16\)\) or tensor\(float\)",
-        ),
-        ("bfloat16", "float16", None, r"skip has type tensor\(float16\)"),
-        (
-            "float64",
-            "float32",
-            None,
-            r"skip has type tensor\(float\); it must have X's type "
-            r"\(tensor\(double\)\)",
-        ),
-        # scale or bias of a third type
-        ("float16", "float32", "bfloat16", r"scale has type tensor\(bfloat16\)"),
-        ("float16", "float32", "float64", r"scale has type tensor\(double\)"),
-    ],
-    ids=str,
+    ("x_dtype", "skip_dtype", "param_dtype", "pattern"), RESIDUAL_TYPE_ERRORS, ids=str
 )
 def test_residual_stream_type_errors_at_session_creation(x_dtype, skip_dtype, param_dtype, pattern):
     model = make_model(x_dtype, skip_dtype=skip_dtype, scale_dtype=param_dtype, with_sum=True)

@@ -6,7 +6,8 @@
 //   ./cuda_bench OUT.json [--quick]
 //   ncu ... ./cuda_bench ORDER.txt --profile    one launch per table at a few shapes, for Nsight
 //                                               Compute (ORDER.txt: what each launch was)
-// For each op, dtype and shape: every launch table (old, new, new without its decode rung) is
+// For each op, dtype and shape (SkipRMSNorm also with the float32 residual stream: a float16 or
+// bfloat16 X with a float32 skip and S, at the bench shapes): every launch table (old, new, new without its decode rung) is
 // checked first (Y and S poisoned, then against a float64 host reference within the dtype's
 // tolerance, S bit for bit), then timed with CUDA events over many launches (median of several
 // batches), cold (inputs rotated over more than the L2 holds) and, for decode shapes, replayed
@@ -108,8 +109,8 @@ const Variant kVariants[] = {
 std::string Describe(const rc::LaunchConfig& c) {
   const char* mode = c.mode == rc::Mode::kWarp ? "warp" : c.mode == rc::Mode::kBlock ? "block" : "multiwarp";
   char buf[128];
-  std::snprintf(buf, sizeof buf, "%s items%d lanes%d threads%d rows/block%d smem%d", mode, c.items,
-                c.lanes, c.threads, c.rows_per_block, c.smem_bytes);
+  std::snprintf(buf, sizeof buf, "%s vec%d items%d lanes%d threads%d rows/block%d smem%d", mode,
+                c.vec, c.items, c.lanes, c.threads, c.rows_per_block, c.smem_bytes);
   return buf;
 }
 
@@ -117,29 +118,42 @@ struct Buffers {  // one input set on the device: X, skip, Y, S
   void *x, *skip, *y, *s;
 };
 
+// What a row of the table times: RMSNorm, SkipRMSNorm, or SkipRMSNorm's float32 residual stream.
+struct Op {
+  const char* name;
+  bool skip;
+  bool skip_f32;  // skip and S float32 (16-bit X only)
+};
+const Op kOps[] = {
+    {"RMSNorm", false, false}, {"SkipRMSNorm", true, false}, {"SkipRMSNorm f32 skip", true, true}};
+
 // The problem on the host and its reference (float64, then rounded as the op's output).
 struct Problem {
   DType t;
   int64_t rows, cols;
   bool skip;
+  DType st;  // skip's and S's type: t, or float32 (the float32 residual stream)
   std::vector<uint32_t> x, k, scale;  // storage bits (uint32 words hold either width)
   std::vector<double> ref_y;
   std::vector<float> ref_s;
 
   size_t Bytes() const { return static_cast<size_t>(rows * cols) * rmsnorm_onnx::ElementBytes(t); }
+  size_t SkipBytes() const {
+    return static_cast<size_t>(rows * cols) * rmsnorm_onnx::ElementBytes(st);
+  }
 };
 
 void MakeProblem(Problem& p, std::mt19937& gen) {
   const int64_t n = p.rows * p.cols;
   const size_t words = (p.Bytes() + 3) / 4 + 1;
   p.x.assign(words, 0);
-  p.k.assign(words, 0);
+  p.k.assign((p.SkipBytes() + 3) / 4 + 1, 0);
   p.scale.assign((p.cols * 4 + 3) / 4 + 1, 0);
   std::normal_distribution<float> normal(0.25f, 1.5f);
   std::uniform_real_distribution<float> uni(0.5f, 1.5f);
   for (int64_t i = 0; i < n; ++i) {
     Store(p.t, p.x.data(), i, normal(gen));
-    if (p.skip) Store(p.t, p.k.data(), i, normal(gen));
+    if (p.skip) Store(p.st, p.k.data(), i, normal(gen));
   }
   for (int64_t c = 0; c < p.cols; ++c) Store(p.t, p.scale.data(), c, uni(gen));
   p.ref_y.assign(n, 0);
@@ -150,7 +164,7 @@ void MakeProblem(Problem& p, std::mt19937& gen) {
     for (int64_t c = 0; c < p.cols; ++c) {
       float v = FromBits(p.t, p.x.data(), r * p.cols + c);
       if (p.skip) {
-        v = Round(p.t, v + FromBits(p.t, p.k.data(), r * p.cols + c));
+        v = Round(p.st, v + FromBits(p.st, p.k.data(), r * p.cols + c));  // a float32 add
         p.ref_s[r * p.cols + c] = v;
       }
       row[c] = v;
@@ -176,6 +190,7 @@ rc::Params MakeParams(const Problem& p, const Buffers& b, const void* scale) {
     q.skip = b.skip;
     q.skip_map.rows = p.rows;
     q.sum = b.s;
+    q.skip_f32 = p.st != p.t;
   }
   return q;
 }
@@ -198,16 +213,16 @@ const char* LaunchVariant(rc::Params q, const Variant& v, cudaStream_t stream) {
 // Largest |y - ref| / (atol + rtol |ref|) over Y (and S bit for bit): <= 1 passes.
 double CheckResult(const Problem& p, const Buffers& b, std::string* why) {
   const size_t bytes = p.Bytes();
-  std::vector<uint32_t> y(bytes / 4 + 1), s(p.skip ? bytes / 4 + 1 : 0);
+  std::vector<uint32_t> y(bytes / 4 + 1), s(p.skip ? p.SkipBytes() / 4 + 1 : 0);
   CHECK(cudaMemcpy(y.data(), b.y, bytes, cudaMemcpyDeviceToHost));
-  if (p.skip) CHECK(cudaMemcpy(s.data(), b.s, bytes, cudaMemcpyDeviceToHost));
+  if (p.skip) CHECK(cudaMemcpy(s.data(), b.s, p.SkipBytes(), cudaMemcpyDeviceToHost));
   const double tol = Tolerance(p.t);
   double worst = 0;
   for (int64_t i = 0; i < p.rows * p.cols; ++i) {
     const double got = FromBits(p.t, y.data(), i);
     const double err = std::fabs(got - p.ref_y[i]) / (tol + tol * std::fabs(p.ref_y[i]));
     if (!(err <= worst)) worst = std::isnan(err) ? INFINITY : err;
-    if (p.skip && FromBits(p.t, s.data(), i) != p.ref_s[i]) {
+    if (p.skip && FromBits(p.st, s.data(), i) != p.ref_s[i]) {
       *why = "S differs at element " + std::to_string(i);
       return INFINITY;
     }
@@ -253,23 +268,26 @@ int Profile(const char* order_path) {
   cudaStream_t stream;
   CHECK(cudaStreamCreate(&stream));
   int k = 0;
-  for (bool skip : {false, true}) {
+  for (const Op& op : kOps) {
     for (DType t : {DType::kFloat32, DType::kFloat16}) {
+      if (op.skip_f32 && t == DType::kFloat32) continue;
       for (const Shape& shape : shapes) {
-        Problem p{t, shape.rows, shape.cols, skip, {}, {}, {}, {}, {}};
+        Problem p{t, shape.rows, shape.cols, op.skip, op.skip_f32 ? DType::kFloat32 : t,
+                  {}, {}, {}, {}, {}};
         const size_t bytes = p.Bytes();
         Buffers b;
         void* scale = nullptr;
-        for (void** ptr : {&b.x, &b.skip, &b.y, &b.s}) CHECK(cudaMalloc(ptr, bytes));
+        for (void** ptr : {&b.x, &b.y}) CHECK(cudaMalloc(ptr, bytes));
+        for (void** ptr : {&b.skip, &b.s}) CHECK(cudaMalloc(ptr, p.SkipBytes()));
         CHECK(cudaMalloc(&scale, p.cols * 4));
         CHECK(cudaMemset(b.x, 0x3c, bytes));  // finite values in every dtype
-        CHECK(cudaMemset(b.skip, 0x3c, bytes));
+        CHECK(cudaMemset(b.skip, 0x3c, p.SkipBytes()));
         CHECK(cudaMemset(scale, 0x3c, p.cols * 4));
         for (int vi = 0; vi < 2; ++vi) {
           rc::Params q = MakeParams(p, b, scale);
           q.ladder = kVariants[vi].ladder;
           const rc::LaunchConfig c = rc::ChooseLaunchConfig(q, MaxSmem());
-          std::fprintf(order, "%d %s %lldx%lld %s %s %s\n", k++, skip ? "SkipRMSNorm" : "RMSNorm",
+          std::fprintf(order, "%d %s %lldx%lld %s %s %s\n", k++, op.name,
                        static_cast<long long>(p.rows), static_cast<long long>(p.cols),
                        TypeName(t), kVariants[vi].name, Describe(c).c_str());
           if (const char* e = LaunchVariant(q, kVariants[vi], stream)) {
@@ -310,14 +328,18 @@ int main(int argc, char** argv) {
               "(old/new) | new config |\n|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 gen(1234);
   int failures = 0;
-  for (bool skip : {false, true}) {
+  for (const Op& op : kOps) {
+    const bool skip = op.skip;
     for (DType t : kTypes) {
+      if (op.skip_f32 && t == DType::kFloat32) continue;
       for (const Shape& shape : kShapes) {
-        if (quick && std::strcmp(shape.group, "bench") != 0) continue;
-        Problem p{t, shape.rows, shape.cols, skip, {}, {}, {}, {}, {}};
+        // the float32 residual stream at the bench shapes only (its kernels: 16-bit X's sets)
+        if ((quick || op.skip_f32) && std::strcmp(shape.group, "bench") != 0) continue;
+        Problem p{t, shape.rows, shape.cols, skip, op.skip_f32 ? DType::kFloat32 : t,
+                  {}, {}, {}, {}, {}};
         MakeProblem(p, gen);
-        const size_t bytes = p.Bytes();
-        const size_t moved = bytes * (skip ? 4 : 2);  // X (skip) read, Y (S) written
+        const size_t bytes = p.Bytes(), skip_bytes = skip ? p.SkipBytes() : 0;
+        const size_t moved = 2 * (bytes + skip_bytes);  // X (skip) read, Y (S) written
         // enough input sets that one pass over them is more than twice the L2
         const int sets = static_cast<int>(std::min<int64_t>(64, 2 * l2 / static_cast<int64_t>(moved) + 1));
         std::vector<Buffers> bufs(sets);
@@ -326,9 +348,10 @@ int main(int argc, char** argv) {
         CHECK(cudaMemcpy(scale, p.scale.data(), p.cols * rmsnorm_onnx::ElementBytes(t),
                          cudaMemcpyHostToDevice));
         for (Buffers& b : bufs) {
-          for (void** ptr : {&b.x, &b.skip, &b.y, &b.s}) CHECK(cudaMalloc(ptr, bytes));
+          for (void** ptr : {&b.x, &b.y}) CHECK(cudaMalloc(ptr, bytes));
+          for (void** ptr : {&b.skip, &b.s}) CHECK(cudaMalloc(ptr, p.SkipBytes()));
           CHECK(cudaMemcpy(b.x, p.x.data(), bytes, cudaMemcpyHostToDevice));
-          CHECK(cudaMemcpy(b.skip, p.k.data(), bytes, cudaMemcpyHostToDevice));
+          CHECK(cudaMemcpy(b.skip, p.k.data(), p.SkipBytes(), cudaMemcpyHostToDevice));
         }
         const int per_batch = static_cast<int>(std::clamp<int64_t>(
             static_cast<int64_t>(2e8 / static_cast<double>(moved + 1)), 20, 2000));
@@ -337,7 +360,8 @@ int main(int argc, char** argv) {
             [&](int i) {
               CHECK(cudaMemcpyAsync(bufs[i].y, bufs[i].x, bytes, cudaMemcpyDeviceToDevice, stream));
               if (skip)
-                CHECK(cudaMemcpyAsync(bufs[i].s, bufs[i].skip, bytes, cudaMemcpyDeviceToDevice, stream));
+                CHECK(cudaMemcpyAsync(bufs[i].s, bufs[i].skip, skip_bytes, cudaMemcpyDeviceToDevice,
+                                      stream));
             },
             sets, per_batch, stream);
         float us[3] = {}, graph_us[3] = {};
@@ -349,7 +373,7 @@ int main(int argc, char** argv) {
           config[vi] = Describe(rc::ChooseLaunchConfig(q, MaxSmem(), rc::kMaxGrid, v.decode_rows));
           // correctness: poisoned outputs, one launch, the reference
           CHECK(cudaMemset(bufs[0].y, 0xff, bytes));
-          CHECK(cudaMemset(bufs[0].s, 0xff, bytes));
+          CHECK(cudaMemset(bufs[0].s, 0xff, p.SkipBytes()));
           std::string why;
           const char* err = LaunchVariant(q, v, stream);
           CHECK(cudaStreamSynchronize(stream));
@@ -398,20 +422,22 @@ int main(int argc, char** argv) {
           failures += !ok;
           std::fprintf(out,
                        "{\"op\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"dtype\": \"%s\", "
+                       "\"skip_dtype\": \"%s\", "
                        "\"group\": \"%s\", \"variant\": \"%s\", \"config\": \"%s\", \"us\": %.3f, "
                        "\"graph_us\": %.3f, \"copy_us\": %.3f, \"gbps\": %.1f, \"ok\": %s, "
                        "\"worst_over_tolerance\": %.3g, \"why\": \"%s\"}\n",
                        skip ? "SkipRMSNorm" : "RMSNorm", static_cast<long long>(p.rows),
-                       static_cast<long long>(p.cols), TypeName(t), shape.group, v.name,
+                       static_cast<long long>(p.cols), TypeName(t), skip ? TypeName(p.st) : "",
+                       shape.group, v.name,
                        config[vi].c_str(), us[vi], graph_us[vi], copy_us, moved / us[vi] / 1e3,
                        ok ? "true" : "false", std::isfinite(worst) ? worst : -1.0, why.c_str());
           std::fflush(out);
-          if (!ok) std::fprintf(stderr, "FAILED %s %lldx%lld %s %s: %s\n", skip ? "Skip" : "RMS",
+          if (!ok) std::fprintf(stderr, "FAILED %s %lldx%lld %s %s: %s\n", op.name,
                                 static_cast<long long>(p.rows), static_cast<long long>(p.cols),
                                 TypeName(t), v.name, why.c_str());
         }
         std::printf("| %s | %lldx%lld | %s | %.1f | %.1f | %.2fx | %.0f %% | %.1f / %.1f | %s |\n",
-                    skip ? "SkipRMSNorm" : "RMSNorm", static_cast<long long>(p.rows),
+                    op.name, static_cast<long long>(p.rows),
                     static_cast<long long>(p.cols), TypeName(t), us[0], us[1], us[0] / us[1],
                     100.0 * copy_us / us[1], graph_us[0], graph_us[1], config[1].c_str());
         std::fflush(stdout);

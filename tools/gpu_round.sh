@@ -16,7 +16,9 @@
 # 2. it checks every launch table's result against a float64 reference (Y, S bit for bit), a
 #    captured CUDA graph's against the eager run's, and times old / new / new without the decode
 #    rung with CUDA events (inputs rotated past the L2) at the bench shapes, decode rows and
-#    mid-size hidden, both ops, fp32/fp16/bf16, beside a device copy of the same bytes;
+#    mid-size hidden, both ops, fp32/fp16/bf16, and SkipRMSNorm's float32 residual stream (fp16
+#    and bf16 X, float32 skip and S: the rows "SkipRMSNorm f32 skip") at the bench shapes,
+#    beside a device copy of the same bytes;
 # 3. where onnxruntime can use the GPU (the carried onnxruntime-gpu: tools/gpu_carry.sh), the GPU
 #    tests, the CUDA-graph test and the whole-model runs too.
 # Outputs: kernels.jsonl (one object per line), kernels.md (the table), round.log, env.txt, and

@@ -90,6 +90,7 @@ OrtStatus* CudaKernel::Compute(void* kernel, OrtKernelContext* context) noexcept
     params.skip = p.skip;  // nullptr for RMSNorm
     params.skip_map = p.skip_map;
     params.sum = p.sum;
+    params.skip_f32 = p.skip != nullptr && p.skip_dtype != p.x_dtype;  // the float32 stream
     params.ladder = s.ladder;
     if (const char* error = cuda::Launch(params, stream)) {
       throw OpError{ORT_FAIL, s.label + ": CUDA kernel launch failed: " + error};

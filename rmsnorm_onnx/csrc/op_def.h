@@ -5,15 +5,14 @@
 // (X, Y and S of that type), and SkipRMSNorm's float32 residual stream (a half X, skip and S of
 // X's compute type) one more per half type, registered before the others: ORT types S from the
 // first op whose declared input types fit the node's. Scale and bias are declared "any type", as
-// skip on the CPU (skip also optional, so a missing or mistyped skip gets our message rather than
-// ORT's "no kernel"; the CUDA ops declare skip of X's type, so a float32 residual stream, which
-// they do not take, runs on the CPU) and checked by the
-// kernel (at session creation where the graph knows their types, else at run time) with a
-// message that names the problem. No InferOutputShapeFn: onnxruntime 1.21 dereferences the type
-// of every node input when it builds the shape-inference context, an omitted optional input
-// included, and crashes on RMSNorm(X, '', bias) (checked: segfault on 1.21.0, fine on 1.31.1); it
-// also turns an X of unknown rank into a rank-0 output shape. ORT types Y (and S) from the op's
-// declared output type.
+// skip of the other SkipRMSNorm (skip also optional, so a missing or mistyped skip gets our
+// message rather than ORT's "no kernel"), and checked by the kernel (at session creation where
+// the graph knows their types, else at run time) with a message that names the problem; the CPU
+// and CUDA providers declare the same list. No InferOutputShapeFn: onnxruntime 1.21 dereferences
+// the type of every node input when it builds the shape-inference context, an omitted optional
+// input included, and crashes on RMSNorm(X, '', bias) (checked: segfault on 1.21.0, fine on
+// 1.31.1); it also turns an X of unknown rank into a rank-0 output shape. ORT types Y (and S)
+// from the op's declared output type.
 #pragma once
 
 #include <onnxruntime_cxx_api.h>

@@ -25,31 +25,28 @@ extern "C" __attribute__((used)) const char rmsnorm_onnx_build_info[] =
     "rmsnorm_onnx-build: cuda=" RMSNORM_ONNX_STR(RMSNORM_ONNX_WITH_CUDA)
     " ort_api=" RMSNORM_ONNX_STR(ORT_API_VERSION);
 
-// One op per (op kind, X type) for every row of dtype.h's table, and on the CPU one SkipRMSNorm
-// per half type with a skip of its compute type (the float32 residual stream), before the
-// others: ORT types S from the first op whose declared input types fit the node's (its
-// InferOutputTypes), and the other SkipRMSNorm of that X takes a skip of any type.
+// One op per (op kind, X type) for every row of dtype.h's table, and one SkipRMSNorm per half type
+// with a skip of its compute type (the float32 residual stream), before the others: ORT types S
+// from the first op whose declared input types fit the node's (its InferOutputTypes), and the
+// other SkipRMSNorm of that X takes a skip of any type. The same list on each provider: the CUDA
+// kernels take the float32 residual stream too.
 template <typename Kernel>
-std::vector<OpDef<Kernel>> MakeOps(const char* provider, bool residual_stream) {
+std::vector<OpDef<Kernel>> MakeOps(const char* provider) {
   std::vector<OpDef<Kernel>> ops;
   ops.reserve(3 * kDTypeCount);  // never grows again: ORT holds pointers to its elements
   for (const DTypeInfo& t : kDTypes) ops.emplace_back(provider, OpKind::kRMSNorm, t.dtype);
   for (const DTypeInfo& t : kDTypes) {
-    if (residual_stream && t.compute != t.dtype) {
+    if (t.compute != t.dtype) {
       ops.emplace_back(provider, OpKind::kSkip, t.dtype, OnnxType(t.compute));
     }
   }
-  for (const DTypeInfo& t : kDTypes) {
-    // CUDA: skip of X's type only, so that ORT places a float32 residual stream on the CPU
-    ops.emplace_back(provider, OpKind::kSkip, t.dtype,
-                     residual_stream ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : OnnxType(t.dtype));
-  }
+  for (const DTypeInfo& t : kDTypes) ops.emplace_back(provider, OpKind::kSkip, t.dtype);
   return ops;
 }
 
-const auto kCpuOps = MakeOps<CpuKernel>("CPUExecutionProvider", true);
+const auto kCpuOps = MakeOps<CpuKernel>("CPUExecutionProvider");
 #if RMSNORM_ONNX_WITH_CUDA
-const auto kCudaOps = MakeOps<CudaKernel>("CUDAExecutionProvider", false);
+const auto kCudaOps = MakeOps<CudaKernel>("CUDAExecutionProvider");
 #endif
 
 // One domain for the process, added to every SessionOptions that registers the library; it must

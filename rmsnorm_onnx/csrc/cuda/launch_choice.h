@@ -1,7 +1,7 @@
 // Which kernel a launch of the CUDA RMSNorm / SkipRMSNorm gets, and with what shape (LaunchConfig,
 // ChooseLaunchConfig), and the checks of its Params (CheckParams): host-side functions shared by
-// the CUDA launcher (rmsnorm.cu) and the host emulation (emulated_api.cc), so that the emulated
-// tests run exactly the configurations a GPU would get. Plain C++: no CUDA header needed.
+// the CUDA launcher (rmsnorm.cu) and the host emulation (emulation/emulated_api.cc), so that the
+// emulated tests run exactly the configurations a GPU would get. Plain C++: no CUDA header needed.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -25,9 +25,9 @@ enum class Mode : int {
 };
 
 // What the kernel knows at compile time about scale and bias. Specialized kernels need every row
-// 16-byte aligned in X, skip, Y and S, no bias, and a contiguous scale (or none) at a 16-byte
-// boundary: the common case, with no per-row alignment logic and no runtime type switches (~40
-// registers less). Everything else runs the Generic kernels.
+// to start at a vector boundary in X, skip, Y and S, no bias, and a contiguous scale (or none) at
+// a 16-byte boundary: the common case, with no per-row alignment logic and no runtime type
+// switches (~40 registers less). Everything else runs the Generic kernels.
 enum class Family : int {
   kGeneric = 0,    // runtime scale/bias (types, broadcasts, alignment), rows at any alignment
   kNoScale = 1,    // no scale, no bias
@@ -39,6 +39,7 @@ struct LaunchConfig {
   Mode mode = Mode::kWarp;
   Family family = Family::kGeneric;
   bool skip = false;          // SkipRMSNorm
+  bool skip_f32 = false;      // ... with a float32 skip and S beside a 16-bit X (RowType)
   int vec = 1;                // elements per vector access: 16 bytes' worth, or 1 (VectorWidth)
   int items = 0;              // vectors each thread holds in registers
   int lanes = 0;              // threads per row (warp mode: 1..32; block mode: the block)
@@ -81,32 +82,42 @@ inline int NextPow2(int64_t v) {
   return p;
 }
 
+// Elements per full vector: 16 bytes of the wider of X's type and the row type (a float32 skip
+// and S beside a 16-bit X: 4 elements, X moved 8 bytes at a time).
+inline int FullVector(const Params& p) {
+  const int x = ElementBytes(p.x_type), r = ElementBytes(RowType(p));
+  return kVectorBytes / (x > r ? x : r);
+}
+
 // Elements per vector access. Rows are aligned one by one (a scalar head of < vec elements brings
-// each row's vector part to a 16-byte boundary; rows of odd width are misaligned differently row
-// after row), so full 16-byte vectors work for any width as long as X, skip, Y and S rows are
-// misaligned by the same amount in every row. When they are not (views into a shared buffer;
+// each row's vector part to a vector boundary; rows of odd width are misaligned differently row
+// after row), so full vectors work for any width as long as X, skip, Y and S rows are misaligned
+// by the same number of elements in every row. When they are not (views into a shared buffer;
 // ORT's own allocations are 256-byte aligned and never hit this), no vector is aligned for all,
 // and the kernel falls back to element-wide accesses.
 inline int VectorWidth(const Params& p) {
-  const uintptr_t x = Addr(p.x) % kVectorBytes;
-  const int full = kVectorBytes / ElementBytes(p.x_type);
-  if (Addr(p.y) % kVectorBytes != x) return 1;
+  const int full = FullVector(p);
+  const int xs = ElementBytes(p.x_type), rs = ElementBytes(RowType(p));
+  // a buffer's offset within its vector, in X's bytes (for X's type: its own misalignment)
+  auto mis = [&](const void* q, int es) { return Addr(q) % (uintptr_t(full) * es) * xs / es; };
+  const uintptr_t x = mis(p.x, xs);
+  if (mis(p.y, xs) != x) return 1;
   // rows of X or skip read out of step with Y's (broadcast rows): their misalignment follows Y's
   // only if a row is whole vectors
-  const bool whole_rows = (p.cols * ElementBytes(p.x_type)) % kVectorBytes == 0;
+  const bool whole_rows = p.cols % full == 0;
   if (!IsIdentity(p.x_map, p.rows) && !whole_rows) return 1;
   if (p.skip != nullptr) {
-    if (Addr(p.skip) % kVectorBytes != x) return 1;
+    if (mis(p.skip, rs) != x) return 1;
     if (!IsIdentity(p.skip_map, p.rows) && !whole_rows) return 1;
   }
-  if (p.sum != nullptr && Addr(p.sum) % kVectorBytes != x) return 1;
+  if (p.sum != nullptr && mis(p.sum, rs) != x) return 1;
   return full;
 }
 
 // Which kernel family fits the launch (see Family).
 inline Family ChooseFamily(const Params& p, int vec) {
-  const bool aligned = vec > 1 && Addr(p.x) % kVectorBytes == 0 &&
-                       (p.cols * ElementBytes(p.x_type)) % kVectorBytes == 0;
+  const int xs = ElementBytes(p.x_type);
+  const bool aligned = vec > 1 && Addr(p.x) % (uintptr_t(vec) * xs) == 0 && p.cols % vec == 0;
   if (!aligned || p.bias != nullptr) return Family::kGeneric;
   if (p.scale == nullptr) return Family::kNoScale;
   if (p.scale_inner != 1 || p.scale_period != p.cols || Addr(p.scale) % kVectorBytes != 0)
@@ -174,12 +185,13 @@ inline LaunchConfig ChooseLaunchConfig(const Params& p, int max_smem_bytes = kDe
   c.vec = VectorWidth(p);
   c.family = ChooseFamily(p, c.vec);
   c.skip = p.skip != nullptr;
+  c.skip_f32 = RowType(p) != p.x_type;
   const bool generic = c.family == Family::kGeneric;
   const int64_t vectors = p.cols / c.vec;  // whole vectors in a row at most
   if (vectors <= int64_t{kWarpSize} * kRegisterItems) {
     ChooseSmallRows(vectors, generic, c);
   } else if (p.ladder != Ladder::kNew || !ChooseLadderRung(vectors, p.rows, decode_rows, generic, c)) {
-    ChooseBlock(vectors, generic, c.vec * ElementBytes(p.x_type), max_smem_bytes, c);
+    ChooseBlock(vectors, generic, c.vec * ElementBytes(RowType(p)), max_smem_bytes, c);
   }
   const int64_t blocks = CeilDiv(p.rows, c.rows_per_block);
   c.grid = blocks < max_grid ? blocks : max_grid;
@@ -192,7 +204,8 @@ inline bool ConfigHolds(const Params& p, const LaunchConfig& c) {
   if (c.vec < 1 || c.threads < kWarpSize || c.threads > kMaxThreads || c.threads % kWarpSize ||
       c.lanes < 1 || c.rows_per_block < 1 || c.grid < 1 || c.items < 1)
     return false;
-  if (c.vec != VectorWidth(p) || c.family != ChooseFamily(p, c.vec) || c.skip != (p.skip != nullptr))
+  if (c.vec != VectorWidth(p) || c.family != ChooseFamily(p, c.vec) ||
+      c.skip != (p.skip != nullptr) || c.skip_f32 != (RowType(p) != p.x_type))
     return false;
   if (c.family == Family::kGeneric && c.lanes < c.vec) return false;  // head and tail lanes
   const int64_t vectors = p.cols / c.vec;
@@ -244,13 +257,15 @@ inline const char* CheckParams(const Params& p) {
   if (p.cols > 0x7fffffff) return "rmsnorm_onnx CUDA: rows of more than 2^31-1 elements";
   if (!(p.epsilon >= 0.0f)) return "rmsnorm_onnx CUDA: epsilon must be >= 0";
   if (p.sum != nullptr && p.skip == nullptr) return "rmsnorm_onnx CUDA: S without skip";
+  if (p.skip_f32 && ComputeType(p.x_type) != DType::kFloat32)
+    return "rmsnorm_onnx CUDA: skip and S must have X's type or its compute type";
   if (!ValidMap(p.x_map, p.rows) || (p.skip != nullptr && !ValidMap(p.skip_map, p.rows)))
     return "rmsnorm_onnx CUDA: a row map of X or skip does not fit the rows";
   if (p.rows == 0 || p.cols == 0) return nullptr;
   if (p.x == nullptr || p.y == nullptr) return "rmsnorm_onnx CUDA: X or Y is null";
   // A GPU faults on an access not aligned to its size: element-misaligned tensors are refused.
-  const uintptr_t es = ElementBytes(p.x_type);
-  if (Addr(p.x) % es || Addr(p.y) % es || Addr(p.skip) % es || Addr(p.sum) % es)
+  const uintptr_t es = ElementBytes(p.x_type), rs = ElementBytes(RowType(p));
+  if (Addr(p.x) % es || Addr(p.y) % es || Addr(p.skip) % rs || Addr(p.sum) % rs)
     return "rmsnorm_onnx CUDA: X, skip, Y or S is not aligned to its element size";
   struct Param {
     const void* ptr;
@@ -271,13 +286,14 @@ inline const char* CheckParams(const Params& p) {
   // The op refuses these with the buffers' names (op_common.cc); a direct caller is told here.
   const int64_t row_bytes = p.rows * p.cols * ElementBytes(p.x_type);
   const int64_t bytes_per_row = p.cols * ElementBytes(p.x_type);
+  const int64_t skip_row_bytes = p.cols * ElementBytes(RowType(p));
   const BufferSpan spans[] = {
       {"X", p.x, p.x_map.rows * bytes_per_row, false, IsIdentity(p.x_map, p.rows)},
-      {"skip", p.skip, p.skip_map.rows * bytes_per_row, false, IsIdentity(p.skip_map, p.rows)},
+      {"skip", p.skip, p.skip_map.rows * skip_row_bytes, false, IsIdentity(p.skip_map, p.rows)},
       {"scale", p.scale, p.scale ? p.scale_period * ElementBytes(p.scale_type) : 0, false, false},
       {"bias", p.bias, p.bias ? p.bias_period * ElementBytes(p.bias_type) : 0, false, false},
       {"Y", p.y, row_bytes, true, true},
-      {"S", p.sum, row_bytes, true, true},
+      {"S", p.sum, p.rows * skip_row_bytes, true, true},
   };
   if (const ForbiddenOverlap f = FindForbiddenOverlap(spans)) {
     if (f.other->output) return "rmsnorm_onnx CUDA: Y and S share memory";

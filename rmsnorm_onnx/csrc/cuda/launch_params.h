@@ -14,8 +14,10 @@ namespace rmsnorm_onnx::cuda {
 enum class Ladder : int { kOld = 0, kNew = 1 };
 
 // One RMSNorm or SkipRMSNorm launch over a [rows, cols] view of Y (cols = prod(X.shape[axis:])).
-// SkipRMSNorm (skip != nullptr) normalizes S = X + skip, rounded to X's type, instead of X, and
-// stores S where `sum` points (when the graph asks for it).
+// SkipRMSNorm (skip != nullptr) normalizes S = X + skip, rounded to S's type, instead of X, and
+// stores S where `sum` points (when the graph asks for it). skip and S have X's type, or with
+// skip_f32 float32 (with a float16 or bfloat16 X: the float32 residual stream, S = X + skip
+// formed and kept in float32, rounded nowhere to 16 bits).
 struct Params {
   const void* x = nullptr;
   void* y = nullptr;
@@ -32,15 +34,21 @@ struct Params {
   int64_t bias_inner = 1, bias_period = 1;
   float epsilon = 1e-6f;
   bool eps_outside = false;
-  // SkipRMSNorm: X's type; output row r adds skip's row MapRow(skip_map, r) to X's row
-  // MapRow(x_map, r) (X and skip broadcast against each other over the leading dims; RMSNorm:
-  // x_map is the identity).
+  // SkipRMSNorm: output row r adds skip's row MapRow(skip_map, r) to X's row MapRow(x_map, r)
+  // (X and skip broadcast against each other over the leading dims; RMSNorm: x_map is the
+  // identity).
   RowMap x_map;
   const void* skip = nullptr;  // nullptr: plain RMSNorm
   RowMap skip_map;
   void* sum = nullptr;         // S, [rows, cols] as Y; nullptr when not requested
+  bool skip_f32 = false;       // skip and S stored as float32 (else in X's type)
   Ladder ladder = Ladder::kOld;
 };
+
+// The type of skip and S, and of the row the kernel normalizes: X's, or float32 (skip_f32).
+inline DType RowType(const Params& p) {
+  return p.skip != nullptr && p.skip_f32 ? DType::kFloat32 : p.x_type;
+}
 
 // Enqueues the kernel on `stream` (a cudaStream_t) without synchronizing or allocating.
 // Returns nullptr on success, otherwise a message naming the failure (from cudaGetErrorString

@@ -1,6 +1,6 @@
 // The launch protocol of rmsnorm.cu over a driver policy `D`: the CUDA runtime there, a fake
-// driver in the emulation's unit tests (emulated_api.cc), so the protocol is tested without a GPU.
-// Plain C++: no CUDA header needed.
+// driver in the emulation's unit tests (emulation/emulated_api.cc), so the protocol is tested
+// without a GPU. Plain C++: no CUDA header needed.
 //
 // D provides (int error codes, 0 = success):
 //   int GetDevice(int* device);
@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/kernel_args.h"
 #include "cuda/launch_choice.h"
-#include "cuda/rmsnorm_kernel.h"
 
 namespace rmsnorm_onnx::cuda {
 

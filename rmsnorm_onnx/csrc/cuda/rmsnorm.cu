@@ -3,9 +3,11 @@
 //
 // Kernel names say what they are, so the ptxas report can be read without the template
 // arguments: `Warp` (a row per warp or part of one), `MultiWarp` (a row per 2-16 warps), `Block`
-// (a block per row), `Skip` (the fused residual add), `Generic` (runtime scale/bias and
-// alignment).
+// (a block per row), `Skip` (the fused residual add), `F32Residual` (its float32 skip and S beside
+// a 16-bit X), `Generic` (runtime scale/bias and alignment).
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "cuda/dispatch.h"
 #include "cuda/launch_params.h"
@@ -28,46 +30,59 @@ constexpr int kWarpMinBlocks = 10;
 constexpr int kLadderMinBlocks = 3;  // x kMaxLadderThreads = 1536 threads per SM
 constexpr int kGenericWarpMinBlocks = 4;
 
-#define RMSNORM_KERNEL(NAME, BOUNDS, MODE, FAMILY, SKIP)                   \
-  template <typename T, int VEC, int ITEMS, Family F = FAMILY>             \
-  __global__ void BOUNDS NAME(const KernelArgs a) {                        \
-    NormRows<CP, T, VEC, ITEMS, MODE, F, SKIP>(a);                         \
+// R: skip's and S's storage, T's own or float32 (the template arguments stay T, VEC, ITEMS, F: the
+// name says which)
+#define RMSNORM_KERNEL(NAME, BOUNDS, MODE, FAMILY, R, SKIP)                    \
+  template <typename T, int VEC, int ITEMS, Family F = FAMILY>                 \
+  __global__ void BOUNDS NAME(const KernelArgs a) {                            \
+    NormRows<KernelTraits<CP, T, R, VEC, ITEMS, MODE, F, SKIP>>(a);            \
   }
-// (FAMILY: the Generic kernels' only one; the specialized kernels take theirs as F)
-#define RMSNORM_KERNEL_PAIR(NAME, BOUNDS, MODE, FAMILY) \
-  RMSNORM_KERNEL(RmsNorm##NAME##Kernel, BOUNDS, MODE, FAMILY, false) \
-  RMSNORM_KERNEL(SkipRmsNorm##NAME##Kernel, BOUNDS, MODE, FAMILY, true)
-RMSNORM_KERNEL_PAIR(Warp, __launch_bounds__(kWarpModeThreads, kWarpMinBlocks), Mode::kWarp,
-                    Family::kNoScale)
-RMSNORM_KERNEL_PAIR(MultiWarp, __launch_bounds__(kMaxLadderThreads, kLadderMinBlocks),
-                    Mode::kMultiWarp, Family::kNoScale)
-RMSNORM_KERNEL_PAIR(Block, __launch_bounds__(kMaxThreads, 1), Mode::kBlock, Family::kNoScale)
-RMSNORM_KERNEL_PAIR(GenericWarp, __launch_bounds__(kWarpModeThreads, kGenericWarpMinBlocks),
-                    Mode::kWarp, Family::kGeneric)
-RMSNORM_KERNEL_PAIR(GenericMultiWarp, __launch_bounds__(kMaxLadderThreads, 1), Mode::kMultiWarp,
-                    Family::kGeneric)
-RMSNORM_KERNEL_PAIR(GenericBlock, __launch_bounds__(kMaxGenericThreads, 1), Mode::kBlock,
-                    Family::kGeneric)
-#undef RMSNORM_KERNEL_PAIR
+// RMSNorm, SkipRMSNorm and SkipRMSNorm with a float32 residual (FAMILY: the Generic kernels' only
+// one; the specialized kernels take theirs as F)
+#define RMSNORM_KERNELS(NAME, BOUNDS, MODE, FAMILY)                                       \
+  RMSNORM_KERNEL(RmsNorm##NAME##Kernel, BOUNDS, MODE, FAMILY, T, false)                   \
+  RMSNORM_KERNEL(SkipRmsNorm##NAME##Kernel, BOUNDS, MODE, FAMILY, T, true)                \
+  RMSNORM_KERNEL(SkipRmsNormF32Residual##NAME##Kernel, BOUNDS, MODE, FAMILY, float, true)
+RMSNORM_KERNELS(Warp, __launch_bounds__(kWarpModeThreads, kWarpMinBlocks), Mode::kWarp,
+                Family::kNoScale)
+RMSNORM_KERNELS(MultiWarp, __launch_bounds__(kMaxLadderThreads, kLadderMinBlocks),
+                Mode::kMultiWarp, Family::kNoScale)
+RMSNORM_KERNELS(Block, __launch_bounds__(kMaxThreads, 1), Mode::kBlock, Family::kNoScale)
+RMSNORM_KERNELS(GenericWarp, __launch_bounds__(kWarpModeThreads, kGenericWarpMinBlocks),
+                Mode::kWarp, Family::kGeneric)
+RMSNORM_KERNELS(GenericMultiWarp, __launch_bounds__(kMaxLadderThreads, 1), Mode::kMultiWarp,
+                Family::kGeneric)
+RMSNORM_KERNELS(GenericBlock, __launch_bounds__(kMaxGenericThreads, 1), Mode::kBlock,
+                Family::kGeneric)
+#undef RMSNORM_KERNELS
 #undef RMSNORM_KERNEL
 
-template <typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
+template <class K>
 constexpr auto KernelFor() {
-  constexpr bool kGeneric = F == Family::kGeneric;
-#define RMSNORM_PICK(NAME) \
-  (SKIP ? &SkipRmsNorm##NAME##Kernel<T, VEC, ITEMS, F> : &RmsNorm##NAME##Kernel<T, VEC, ITEMS, F>)
-  if constexpr (M == Mode::kWarp && kGeneric) {
-    return RMSNORM_PICK(GenericWarp);
-  } else if constexpr (M == Mode::kWarp) {
-    return RMSNORM_PICK(Warp);
-  } else if constexpr (M == Mode::kMultiWarp && kGeneric) {
-    return RMSNORM_PICK(GenericMultiWarp);
-  } else if constexpr (M == Mode::kMultiWarp) {
-    return RMSNORM_PICK(MultiWarp);
-  } else if constexpr (kGeneric) {
-    return RMSNORM_PICK(GenericBlock);
+  using T = typename K::T;
+  constexpr int VEC = K::kVec, ITEMS = K::kItems;
+  constexpr Family F = K::kFamily;
+  constexpr bool kF32Residual = !std::is_same_v<T, typename K::R>;
+// (if constexpr, not ?:, which would instantiate all three for every K)
+#define RMSNORM_PICK(NAME)                                                  \
+  if constexpr (kF32Residual)                                               \
+    return &SkipRmsNormF32Residual##NAME##Kernel<T, VEC, ITEMS, F>;         \
+  else if constexpr (K::kSkip)                                              \
+    return &SkipRmsNorm##NAME##Kernel<T, VEC, ITEMS, F>;                    \
+  else                                                                      \
+    return &RmsNorm##NAME##Kernel<T, VEC, ITEMS, F>
+  if constexpr (K::kWarp && K::kGeneric) {
+    RMSNORM_PICK(GenericWarp);
+  } else if constexpr (K::kWarp) {
+    RMSNORM_PICK(Warp);
+  } else if constexpr (K::kMultiWarp && K::kGeneric) {
+    RMSNORM_PICK(GenericMultiWarp);
+  } else if constexpr (K::kMultiWarp) {
+    RMSNORM_PICK(MultiWarp);
+  } else if constexpr (K::kGeneric) {
+    RMSNORM_PICK(GenericBlock);
   } else {
-    return RMSNORM_PICK(Block);
+    RMSNORM_PICK(Block);
   }
 #undef RMSNORM_PICK
 }
@@ -120,9 +135,9 @@ struct CudaLaunch {
   void* stream;
   const char* error = nullptr;
 
-  template <typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
+  template <class K>
   void Run() {
-    const void* kernel = reinterpret_cast<const void*>(KernelFor<T, VEC, ITEMS, M, F, SKIP>());
+    const void* kernel = reinterpret_cast<const void*>(KernelFor<K>());
     CudaDriver driver;
     error = LaunchKernel(driver, Registry(), kernel, config, args, max_smem, stream);
   }

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "cuda/emulator.h"
+#include "cuda/emulation/emulator.h"
 #include "dtype.h"
 
 namespace rmsnorm_onnx::cuda {

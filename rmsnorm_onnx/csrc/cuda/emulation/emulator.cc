@@ -1,5 +1,5 @@
 // Fiber-based host execution of CUDA blocks: see emulator.h.
-#include "cuda/emulator.h"
+#include "cuda/emulation/emulator.h"
 
 #include <ucontext.h>
 

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "cuda/dispatch.h"
-#include "cuda/emulator.h"
+#include "cuda/emulation/emulator.h"
 #include "cuda/launch_params.h"
 #include "cuda/launch_choice.h"
 #include "cuda/launch_protocol.h"
-#include "cuda/primitives_host.h"
+#include "cuda/emulation/primitives_host.h"
 #include "cuda/rmsnorm_kernel.h"
 
 namespace rmsnorm_onnx::cuda {
@@ -31,20 +31,19 @@ struct EmulatedLaunch {
   emu::RunStats stats;
   std::string error;
 
-  template <typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
+  template <class K>
   static void Thread(void* self) {
-    NormRows<HostPrimitives, T, VEC, ITEMS, M, F, SKIP>(static_cast<EmulatedLaunch*>(self)->args);
+    NormRows<K>(static_cast<EmulatedLaunch*>(self)->args);
   }
 
-  template <typename T, int VEC, int ITEMS, Mode M, Family F, bool SKIP>
+  template <class K>
   void Run() {
     emu::LaunchShape shape;
     shape.grid = config.grid;
     shape.block = config.threads;
     shape.dynamic_smem_bytes = config.smem_bytes;
     shape.schedule_seed = schedule_seed;
-    error = emu::Run(shape, regions, &EmulatedLaunch::Thread<T, VEC, ITEMS, M, F, SKIP>, this,
-                     &stats);
+    error = emu::Run(shape, regions, &EmulatedLaunch::Thread<K>, this, &stats);
   }
 };
 
@@ -158,24 +157,29 @@ struct RmsnormEmulatedParams {
       skip_lead[rmsnorm_onnx::kMaxRowDims];
   int32_t ladder;       // launch_params.h's Ladder
   int64_t decode_rows;  // the new ladder's decode rung: at most this many rows (< 0: default)
+  int32_t skip_type;    // skip's and S's element type (0: X's)
 };
 
 // Mirrors LaunchConfig for ctypes, with what a run did.
 struct RmsnormEmulatedConfig {
-  int32_t mode, family, skip, vec, items, lanes, threads, rows_per_block, smem_bytes;
+  int32_t mode, family, skip, skip_f32, vec, items, lanes, threads, rows_per_block, smem_bytes;
   int64_t grid;
   int64_t threads_launched, threads_loading, row_data_bytes;  // emu::RunStats (runs only)
 };
 
-// Params from the ctypes mirror; false for an element type the kernels do not take, or leading
-// dims no row map expresses.
+// Params from the ctypes mirror; false for an element type the kernels do not take (a skip of
+// neither X's type nor float32 among them), or leading dims no row map expresses.
 static bool ToParams(const RmsnormEmulatedParams& e, rmsnorm_onnx::cuda::Params* out) {
   rmsnorm_onnx::cuda::Params& p = *out;
+  DType skip_type = DType::kFloat32;
   if (!rmsnorm_onnx::DTypeFromOnnx(e.x_type, &p.x_type) ||
       !rmsnorm_onnx::DTypeFromOnnx(e.scale_type, &p.scale_type) ||
-      !rmsnorm_onnx::DTypeFromOnnx(e.bias_type, &p.bias_type)) {
+      !rmsnorm_onnx::DTypeFromOnnx(e.bias_type, &p.bias_type) ||
+      (e.skip_type != 0 && !rmsnorm_onnx::DTypeFromOnnx(e.skip_type, &skip_type))) {
     return false;
   }
+  if (e.skip_type != 0 && skip_type != p.x_type && skip_type != DType::kFloat32) return false;
+  p.skip_f32 = e.skip_type != 0 && skip_type == DType::kFloat32;
   p.x = reinterpret_cast<const void*>(e.x);
   p.y = reinterpret_cast<void*>(e.y);
   p.scale = reinterpret_cast<const void*>(e.scale);
@@ -212,6 +216,7 @@ static void ExportConfig(const LaunchConfig& c, RmsnormEmulatedConfig* out) {
   out->mode = static_cast<int32_t>(c.mode);
   out->family = static_cast<int32_t>(c.family);
   out->skip = c.skip;
+  out->skip_f32 = c.skip_f32;
   out->vec = c.vec;
   out->items = c.items;
   out->lanes = c.lanes;
@@ -253,16 +258,17 @@ __attribute__((visibility("default"))) int rmsnorm_onnx_emulated_run(
   if (p.rows == 0 || p.cols == 0) return 0;
   const LaunchConfig config =
       rc::ChooseLaunchConfig(p, max_smem_bytes, max_grid, DecodeRows(*params));
-  const size_t es = ElementBytes(p.x_type);
+  const size_t es = ElementBytes(p.x_type), rs = ElementBytes(rc::RowType(p));
   const size_t bytes = static_cast<size_t>(p.rows * p.cols) * es;
   const size_t x_bytes = static_cast<size_t>(p.x_map.rows * p.cols) * es;
-  const size_t skip_bytes = static_cast<size_t>(p.skip_map.rows * p.cols) * es;
+  const size_t skip_bytes = static_cast<size_t>(p.skip_map.rows * p.cols) * rs;
+  const size_t sum_bytes = static_cast<size_t>(p.rows * p.cols) * rs;
   rc::EmulatedLaunch launch{config, schedule_seed, rc::MakeKernelArgs(p, config), {}, {}, {}};
   launch.regions = {
       {p.x, x_bytes, false, "X", true},
       {p.y, bytes, true, "Y"},
       {p.skip, p.skip ? skip_bytes : 0, false, "skip", true},
-      {p.sum, p.sum ? bytes : 0, true, "S"},
+      {p.sum, p.sum ? sum_bytes : 0, true, "S"},
       {p.scale, static_cast<size_t>(params->scale_count * ElementBytes(p.scale_type)), false,
        "scale"},
       {p.bias, static_cast<size_t>(params->bias_count * ElementBytes(p.bias_type)), false, "bias"},
