@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from hf_models import Decoder  # noqa: E402 (after the importorskips, as hf_models needs)
+from hf_models import Decoder, config_of  # noqa: E402 (after the importorskips, as hf_models needs)
 
 FLOAT16_MAX = 65504.0
 LAYERS = 3
@@ -90,10 +90,8 @@ def t5_encoder(scale: float = 1.0):
     embedding x12000·scale and each feed-forward output x6e4·scale: at scale 1 the stream reaches
     ~2e5 in float32 and T5's clamps act in float16; at 0.25 it stays below 65504."""
     torch.manual_seed(0)
-    config = transformers.T5Config(
-        d_model=64, d_ff=128, num_layers=LAYERS, num_heads=4, d_kv=16, vocab_size=100
-    )
-    config._attn_implementation = "eager"
+    config = config_of("t5")  # the corpus' T5 (eager attention), LAYERS deep
+    config.num_layers = LAYERS
     model = transformers.T5EncoderModel(config).eval()
     with torch.no_grad():
         model.shared.weight.normal_(0, 1).mul_(12000 * scale)
