@@ -87,26 +87,31 @@ def _half_skip_norm(node: ir.Node) -> canonical.Norm | None:
     return norm
 
 
+def _half_pair(node: ir.Node, op_types: tuple[str, ...]) -> tuple[ir.Value, ir.Value] | None:
+    """The two operands of a default-domain ``op_types`` node on two half values of one type."""
+    if node.op_type not in op_types or not is_default_domain(node.domain) or len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    if a is None or b is None or a.dtype not in HALF_TYPES or a.dtype != b.dtype:
+        return None
+    return a, b
+
+
 def _stream_add(node: ir.Node, values: dict[ir.Value, None]) -> bool:
     """An Add of two half values of one type, one of them in the stream: a residual Add no norm
     absorbed (a bias Add on the stream is one too: it moves the stream)."""
-    if node.op_type != "Add" or not is_default_domain(node.domain) or len(node.inputs) != 2:
-        return False
-    a, b = node.inputs
-    if a is None or b is None or a.dtype not in HALF_TYPES or a.dtype != b.dtype:
-        return False
-    return a in values or b in values
+    pair = _half_pair(node, ("Add",))
+    return pair is not None and (pair[0] in values or pair[1] in values)
 
 
 def _residual_entry(node: ir.Node) -> int | None:
     """Which operand of a half Add is the residual h of ``h + F(norm(h))``: the one that one of
     our norms reads as X while the other operand is computed from that norm's Y (the stream's
     first residual Add where no norm absorbed it); None for any other Add."""
-    if node.op_type != "Add" or not is_default_domain(node.domain) or len(node.inputs) != 2:
+    pair = _half_pair(node, ("Add",))
+    if pair is None:
         return None
-    a, b = node.inputs
-    if a is None or b is None or a.dtype not in HALF_TYPES or a.dtype != b.dtype:
-        return None
+    a, b = pair
     for operand, (h, branch) in enumerate(((a, b), (b, a))):
         for use in h.uses():
             norm = use.node
@@ -120,14 +125,10 @@ def _residual_entry(node: ir.Node) -> int | None:
 def _stream_clip(node: ir.Node, values: dict[ir.Value, None]) -> bool:
     """A clamp of a stream value: Clip, or the Max and Min that torch's exporter writes for T5's
     clamp of its half stream (bounds computed in the graph)."""
-    if not is_default_domain(node.domain) or not node.inputs:
-        return False
-    if node.op_type == "Clip":
+    if node.op_type == "Clip" and is_default_domain(node.domain) and node.inputs:
         return node.inputs[0] in values
-    if node.op_type not in ("Max", "Min") or len(node.inputs) != 2 or None in node.inputs:
-        return False
-    a, b = node.inputs
-    return a.dtype in HALF_TYPES and a.dtype == b.dtype and (a in values) != (b in values)
+    pair = _half_pair(node, ("Max", "Min"))
+    return pair is not None and (pair[0] in values) != (pair[1] in values)
 
 
 def _norm_on(node: ir.Node, values: dict[ir.Value, None]) -> bool:
