@@ -6,18 +6,18 @@ SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization for the norms li
 RMSNorm / SkipRMSNorm for every other one. A range spans the measured hidden sizes where
 onnxruntime's kernel won, from the first such size to the last (the sizes measured between them
 won too); a size not measured inside no range keeps ours. bfloat16 was not measured: ours. Rows
-are the measurement's, never guesses: re-measure (tools/gpu_round.sh with onnxruntime-gpu) and
-edit the table. Standard library only, like ``target_names``.
+are the measurement's, never guesses: they are in ``cuda_measured``, which tools/gpu_summary.py
+--picks writes from a GPU round (its docstring: how several rows of one hidden size combine).
+Standard library only, like ``target_names``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-MEASUREMENT = (
-    "docs/measurements/h100-2026-11-26: NVIDIA H100 80GB HBM3, onnxruntime-gpu 1.31.1, kernel "
-    "times by Nsight Compute, the old launch table"
-)
+from . import cuda_measured
+
+MEASUREMENT = cuda_measured.MEASUREMENT
 
 
 @dataclass(frozen=True)
@@ -32,18 +32,9 @@ class OrtFaster:
         return f"{self.op} {self.dtype} hidden {self.lo}-{self.hi}: ours at {self.measured}"
 
 
-ORT_FASTER: tuple[OrtFaster, ...] = (
-    OrtFaster("RMSNorm", "float32", 768, 1024, "0.57x (16384x768), 0.84x (8192x1024)"),
-    OrtFaster("RMSNorm", "float16", 768, 1024, "0.85x (16384x768), 0.71x (8192x1024)"),
-    OrtFaster("SkipRMSNorm", "float32", 768, 768, "0.95x (16384x768)"),
-    OrtFaster(
-        "SkipRMSNorm",
-        "float16",
-        768,
-        8192,
-        "0.92x (16384x768), 0.76x (8192x1024), 0.87x (4096x2048), 0.90x (2048x4096), "
-        "0.98x (8192x8192)",
-    ),
+ORT_FASTER: tuple[OrtFaster, ...] = tuple(
+    OrtFaster(op, dtype, lo, hi, ", ".join(measured))
+    for op, dtype, lo, hi, measured in cuda_measured.ORT_FASTER
 )
 
 

@@ -14,6 +14,24 @@ two marker kernels (torch's ``spin_kernel``), for ``ncu`` to time every kernel i
 The ceiling (``--measure-ceiling``, run without ncu) is a device-to-device ``cudaMemcpyAsync`` of
 the same tensors (the op's inputs to its outputs), timed with CUDA events; GB/s counts the bytes
 each implementation must move, as the bench does.
+
+The GPU round (tools/gpu_round.sh) profiles onnxruntime's ops beside both of our launch tables at
+tools/cuda_bench.cu's shapes, for tools/gpu_summary.py to join with the bench's rows:
+
+    ncu ... python tools/profile_cuda.py --configs configs.json --shapes kernel \
+        --dtypes float32,float16,bfloat16 --impls ours,ort --runs 2 --budget-s 200
+    python tools/profile_cuda.py --parse ncu.csv --configs configs.json --json ort_kernels.json
+
+``--shapes`` takes shapes (``8x4096,...``) or cuda_bench's groups (``bench``, ``decode``, ``mid``;
+``kernel``: all of them). ``--impls`` names implementations (``ours-old`` / ``ours-new``: our op
+with RMSNORM_ONNX_CUDA_LADDER set to that table while its session is made; ``rmsnorm_onnx``: ours
+as the environment has it; onnxruntime's and the others by their bench names) or groups of them
+(``ours``: both tables; ``ort``: onnxruntime's SimplifiedLayerNormalization,
+SkipSimplifiedLayerNormalization and ONNX RMSNormalization; ``all``: the bench's implementations,
+the default). One that an op lacks is left out for that op. ``--budget-s`` stops making sessions
+after that many seconds and ends cleanly (ncu writes its log only when the process ends), so a
+round's time limit leaves a parsable prefix. bfloat16 inputs are made on the device by a Cast
+session, before the first marker (not profiled as a configuration).
 """
 
 from __future__ import annotations
@@ -22,14 +40,17 @@ import argparse
 import csv
 import json
 import math
+import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout
 
 from rmsnorm_onnx.bench import DEFAULT_DTYPES, OPS, OURS, parse_shapes, shape_text
+from rmsnorm_onnx.bench.cuda_shapes import GROUPS, shapes_of
 from rmsnorm_onnx.bench.ops import ITEMSIZES
 from rmsnorm_onnx.bench.ops import SHAPES as BENCH_SHAPES
 
@@ -39,6 +60,43 @@ IMPLS = {
     "rmsnorm": (OURS, "SimplifiedLayerNormalization", "RMSNormalization", "decomposed"),
     "skip": (OURS, "SkipSimplifiedLayerNormalization", "Add+rmsnorm_onnx", "Add+decomposed"),
 }
+LADDER = "RMSNORM_ONNX_CUDA_LADDER"  # read by our op when its kernel is made (a session)
+LADDERS = {"ours-old": "old", "ours-new": "new"}  # our op, one launch table each
+ORT_OPS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization")
+IMPL_GROUPS = {
+    "ours": tuple(LADDERS),
+    "ort": ORT_OPS,
+    "all": tuple(dict.fromkeys(i for impls in IMPLS.values() for i in impls)),
+}
+
+
+def chosen_impls(text: str) -> list[str]:
+    """--impls: names and groups, in order, each once; an unknown name is refused."""
+    known = set(IMPL_GROUPS["all"]) | set(LADDERS)
+    names: list[str] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        for name in IMPL_GROUPS.get(part, (part,)):
+            if name not in known:
+                raise SystemExit(
+                    f"--impls: unknown {name!r} (known: {sorted(known)}, groups "
+                    f"{sorted(IMPL_GROUPS)})"
+                )
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def impls_of(op_name: str, names: list[str]) -> list[str]:
+    """The chosen implementations that ``op_name`` has (ours-old/new: ours under a table)."""
+    return [n for n in names if n in LADDERS or n in IMPLS[op_name]]
+
+
+def chosen_shapes(text: str) -> list[tuple[int, ...]]:
+    """--shapes: '8x4096,...', or cuda_bench's groups ('bench,decode', 'kernel': all)."""
+    parts = {p.strip() for p in text.split(",") if p.strip()}
+    if parts and parts <= {*GROUPS, "kernel"}:
+        return list(dict.fromkeys(shapes_of("kernel" if "kernel" in parts else text)))
+    return parse_shapes(text)
 
 
 def _key(op: str, dtype: str, shape: tuple[int, ...]) -> str:
@@ -46,38 +104,135 @@ def _key(op: str, dtype: str, shape: tuple[int, ...]) -> str:
     return f"{op} {dtype} {shape_text(shape)}"
 
 
-def launch(args: argparse.Namespace) -> None:
-    """Each configuration: a session, one untimed run, then a marker, ``runs`` runs, a marker."""
-    import torch
+def _device_value(array: Any, dtype: str, device: str) -> Any:
+    """``array`` as an OrtValue on ``device``; bfloat16 (which onnxruntime takes from NumPy on no
+    device) cast there from float32 by a one-node session."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
 
-    from rmsnorm_onnx.bench.measure import bind, placed_tensors
+    from rmsnorm_onnx.onnx_io import ONNX_TYPES
+    from rmsnorm_onnx.runtime import session
+
+    if dtype != "bfloat16":
+        return ort.OrtValue.ortvalue_from_numpy(array, device, 0)
+    wide = ort.OrtValue.ortvalue_from_numpy(array.astype(np.float32), device, 0)
+    out = ort.OrtValue.ortvalue_from_shape_and_type(array.shape, ONNX_TYPES[dtype], device, 0)
+    dims = list(array.shape)
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["a"], ["b"], to=TensorProto.BFLOAT16)],
+        "to_bf16",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("b", TensorProto.BFLOAT16, dims)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    sess = session(model.SerializeToString(), providers=(device,))
+    binding = sess.io_binding()
+    binding.bind_ortvalue_input("a", wide)
+    binding.bind_ortvalue_output("b", out)
+    sess.run_with_iobinding(binding)
+    return out
+
+
+def _placed(op: Any, shape: tuple[int, ...], dtype: str, device: str) -> tuple[Any, dict]:
+    """(the weight, an OrtValue on ``device`` per input and output name): shared by every
+    implementation of one (op, dtype, shape)."""
+    import onnxruntime as ort
+
+    from rmsnorm_onnx.bench.check import make_inputs
+    from rmsnorm_onnx.onnx_io import ONNX_TYPES
+
+    feeds, weight = make_inputs(op, shape, dtype, 0)
+    values = {n: _device_value(v, op.dtype_of(n, dtype), device) for n, v in feeds.items()}
+    for name in op.outputs:
+        values[name] = ort.OrtValue.ortvalue_from_shape_and_type(
+            shape, ONNX_TYPES[op.dtype_of(name, dtype)], device, 0
+        )
+    return weight, values
+
+
+def _session(op: Any, impl: str, dtype: str, shape: tuple[int, ...], weight: Any, device: str,
+             values: dict) -> tuple[Any, Any]:  # fmt: skip
+    """A session of ``impl`` bound to ``values``, run once (ours-old/new: made, and run first,
+    with RMSNORM_ONNX_CUDA_LADDER naming the table; the environment is given back after)."""
+    from rmsnorm_onnx.bench.measure import bind
     from rmsnorm_onnx.bench.models import build
     from rmsnorm_onnx.runtime import session
 
-    configs = []
-    for op_name, impls in IMPLS.items():
+    saved = os.environ.get(LADDER)
+    if impl in LADDERS:
+        os.environ[LADDER] = LADDERS[impl]
+    try:
+        model, outputs = build(op, OURS if impl in LADDERS else impl, dtype, shape, weight)
+        sess = session(model, providers=(device,))
+        binding = bind(sess, op, outputs, values)
+        sess.run_with_iobinding(binding)
+    finally:
+        if impl in LADDERS:
+            if saved is None:
+                os.environ.pop(LADDER, None)
+            else:
+                os.environ[LADDER] = saved
+    return sess, binding
+
+
+def _meta(device: str) -> dict[str, str]:
+    import onnxruntime as ort
+
+    meta = {"onnxruntime": ort.__version__, "device": device, "timing": "ncu"}
+    if device == "cuda":
+        import torch
+
+        meta["gpu"] = torch.cuda.get_device_name(0)
+    return meta
+
+
+def launch(args: argparse.Namespace) -> None:
+    """Each configuration: a session, one untimed run, then a marker, ``runs`` runs, a marker.
+    configs.json is written after every configuration, so a stop leaves the ones done."""
+    cuda = args.device == "cuda"
+    if cuda:
+        import torch
+    names = chosen_impls(args.impls)
+    started = time.monotonic()
+    configs: list[dict[str, Any]] = []
+    meta = {"runs": args.runs, "configs": configs, "meta": _meta(args.device)}
+    for op_name in IMPLS:
         op = OPS[op_name]
         for dtype in args.dtypes.split(","):
-            for shape in parse_shapes(args.shapes):
-                _, weight, values = placed_tensors(op, shape, dtype, "cuda")
+            for shape in chosen_shapes(args.shapes):
+                if args.budget_s and time.monotonic() - started > args.budget_s:
+                    meta["stopped"] = f"--budget-s {args.budget_s} spent before {op_name} {dtype}"
+                    print(f"stopped: {meta['stopped']} {shape_text(shape)}", flush=True)
+                    Path(args.configs).write_text(json.dumps(meta))
+                    return
+                impls = impls_of(op_name, names)
+                if not impls:
+                    continue
+                weight, values = _placed(op, shape, dtype, args.device)
                 for impl in impls:
                     config = {"op": op_name, "impl": impl, "dtype": dtype, "shape": list(shape)}
                     try:
-                        model, outputs = build(op, impl, dtype, shape, weight)
-                        sess = session(model, providers=("cuda",))
-                        binding = bind(sess, op, outputs, values)
-                        sess.run_with_iobinding(binding)
+                        sess, binding = _session(op, impl, dtype, shape, weight, args.device,
+                                                 values)  # fmt: skip
                     except Exception as e:  # an implementation this onnxruntime lacks on CUDA
-                        print(f"{op_name} {impl} {dtype} {shape_text(shape)}: skipped: {e}")
+                        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                        print(f"{op_name} {impl} {dtype} {shape_text(shape)}: skipped: {first}")
                         continue
-                    torch.cuda._sleep(1000)
+                    if cuda:
+                        torch.cuda._sleep(1000)
                     for _ in range(args.runs):
                         sess.run_with_iobinding(binding)
-                    torch.cuda._sleep(1000)
-                    torch.cuda.synchronize()
+                    if cuda:
+                        torch.cuda._sleep(1000)
+                        torch.cuda.synchronize()
                     configs.append(config)
+                    Path(args.configs).write_text(json.dumps(meta))
                     del sess, binding
-    Path(args.configs).write_text(json.dumps({"runs": args.runs, "configs": configs}))
+                print(f"{op_name} {dtype} {shape_text(shape)}: {len(impls)} implementation(s), "
+                      f"{time.monotonic() - started:.0f} s", flush=True)  # fmt: skip
+    Path(args.configs).write_text(json.dumps(meta))
 
 
 def measure_ceiling(args: argparse.Namespace) -> None:
@@ -88,7 +243,7 @@ def measure_ceiling(args: argparse.Namespace) -> None:
     for op_name in IMPLS:
         op = OPS[op_name]
         for dtype in args.dtypes.split(","):
-            for shape in parse_shapes(args.shapes):
+            for shape in chosen_shapes(args.shapes):
                 src = [
                     torch.randn(shape, device="cuda").to(getattr(torch, dtype)) for _ in op.inputs
                 ]
@@ -158,7 +313,7 @@ def parse(args: argparse.Namespace) -> None:
         }
     out = []
     for key, impls in table.items():
-        ours = impls.get(OURS)
+        ours = impls.get(OURS) or impls.get("ours-old") or impls.get("ours-new")
         ceiling = ceilings.get(key, math.nan)
         out.append(f"\n{key}   (copy ceiling {ceiling:.0f} GB/s)")
         for impl, r in impls.items():
@@ -170,7 +325,11 @@ def parse(args: argparse.Namespace) -> None:
             )
     print("\n".join(out))
     if args.json:
-        Path(args.json).write_text(json.dumps({"ceilings": ceilings, "rows": table}, indent=1))
+        info = {"runs": runs, **meta.get("meta", {})}
+        if "stopped" in meta:
+            info["stopped"] = meta["stopped"]
+        doc = {"meta": info, "ceilings": ceilings, "rows": table}
+        Path(args.json).write_text(json.dumps(doc, indent=1))
 
 
 def main() -> None:
@@ -179,6 +338,14 @@ def main() -> None:
     p.add_argument("--shapes", default=SHAPES)
     p.add_argument("--dtypes", default=",".join(DEFAULT_DTYPES))
     p.add_argument("--runs", type=int, default=3, help="timed runs per configuration")
+    p.add_argument("--impls", default="all", help="names or groups: ours, ort, all (above)")
+    p.add_argument("--budget-s", type=float, default=0, help="stop making sessions after this")
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: a dry run without markers (no ncu, no torch)",
+    )
     p.add_argument("--measure-ceiling", action="store_true", help="time copies; no ncu")
     p.add_argument("--ceiling", default="ceiling.json", help="--measure-ceiling's output")
     p.add_argument("--parse", metavar="NCU.csv", help="add up the kernels ncu timed")
