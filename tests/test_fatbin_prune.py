@@ -5,42 +5,21 @@ parses; a library without the asked-for architecture is refused and nothing is w
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+import nvcc_library
 import pytest
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "fatbin_prune.py"
 spec = importlib.util.spec_from_file_location("fatbin_prune", TOOL)
 fatbin_prune = sys.modules["fatbin_prune"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fatbin_prune)
-# sm_80 and sm_90 cubins, and sm_90 PTX
-GENCODE = (
-    "arch=compute_80,code=sm_80",
-    "arch=compute_90,code=sm_90",
-    "arch=compute_90,code=compute_90",
-)
-
-SOURCE = """
-__global__ void twice(float* x) { x[threadIdx.x] *= 2.f; }
-__global__ void plus(float* x, float v) { x[blockIdx.x * blockDim.x + threadIdx.x] += v; }
-extern "C" void launch(float* x) { twice<<<1, 32>>>(x); plus<<<2, 32>>>(x, 1.f); }
-"""
 
 
 @pytest.fixture(scope="module")
 def library(tmp_path_factory) -> Path:
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("no nvcc on the PATH: the test builds a CUDA library with it")
-    folder = tmp_path_factory.mktemp("fatbin")
-    (folder / "k.cu").write_text(SOURCE)
-    gencode = [arg for g in GENCODE for arg in ("-gencode", g)]
-    out, src = str(folder / "k.so"), str(folder / "k.cu")
-    subprocess.run([nvcc, "-shared", "-Xcompiler", "-fPIC", *gencode, "-o", out, src], check=True)
-    return folder / "k.so"
+    return nvcc_library.build(tmp_path_factory.mktemp("fatbin"))
 
 
 def test_lists_each_architecture_and_kind(library):

@@ -140,6 +140,23 @@ def ncu_rows(data: dict[tuple[int, int], tuple[float, float]], op="rmsnorm", dty
     }
 
 
+def test_whole_models_compare_each_table_with_contrib(tmp_path):
+    write_round(tmp_path, [], {})
+    rows = [  # tools/gpu_model.py's rows, one run holding both tables
+        {"hidden": 1024, "layers": 4, "step": "1x512", "form": f, "ms": ms}
+        for f, ms in (("contrib", 2.0), ("ours-old", 2.5), ("ours-new", 1.6), ("ours-no-norm", 1.2))
+    ] + [{"hidden": 1024, "form": "ort-optimizer", "error": "no CUDA kernel"}]
+    (tmp_path / "model.json").write_text(json.dumps({"rows": rows}))
+    (m,) = gs.summarize(tmp_path)["models"]
+    assert (m["kind"], m["ms"]["contrib"]) == ("prefill", 2.0)
+    assert m["contrib_over_ours_old"] == pytest.approx(0.8)  # 2.0 / 2.5: ours slower
+    assert m["contrib_over_ours_new"] == pytest.approx(1.25)  # 2.0 / 1.6
+    assert m["norm_share_old"] == pytest.approx(1 - 1.2 / 2.5)
+    assert m["norm_share_new"] == pytest.approx(1 - 1.2 / 1.6)
+    text = gs.markdown(gs.summarize(tmp_path))
+    assert "| 1024 x 4 | 1x512 (prefill) | 2.000 | 2.500 | 0.800x | 52.0 % | 1.600 | 1.250x" in text
+
+
 def test_picks_ranges_join_neighbouring_measured_sizes_only():
     ncu = ncu_rows(
         {

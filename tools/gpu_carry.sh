@@ -35,7 +35,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 version=1.31.1
 arch=${ARCH:-90}
 part_mib=${PART_MIB:-52}
-extra=${EXTRA:-onnx-ir==1.1.0}
+extra=${EXTRA-onnx-ir==1.1.0}  # EXTRA= (empty): none
 site=${SITE:-/tmp/ort-site}
 stash=${STASH:-/tmp/rmsnorm-carry}
 case "${1:-}" in

@@ -12,7 +12,8 @@ reads what tools/gpu_round.sh left in OUT_DIR:
   giving a row's implementation wins): onnxruntime's ops and ours, timed by Nsight Compute's
   ``gpu__time_duration``: the "ncu" columns. ``rmsnorm_onnx`` there (the environment's table,
   unset: old) counts as ``ours-old`` where no ``ours-old`` row is;
-- ``model_old.json`` / ``model_new.json`` (tools/gpu_model.py): whole decoders, ms per step.
+- ``model.json`` (tools/gpu_model.py): whole decoders, ms per step, each form (ours under both
+  launch tables) in one run.
 
 and writes ``summary.json`` and ``summary.md`` there: per (op, dtype, rows x hidden) of
 cuda_bench's shapes (rmsnorm_onnx.bench.cuda_shapes) and any other measured row, the times of
@@ -212,15 +213,10 @@ def summarize(folder: Path, ort_files: list[Path] | None = None) -> dict[str, An
 def _models(folder: Path) -> list[dict[str, Any]]:
     """Per (hidden x layers, step): each table's ours / contrib ms and the norms' share."""
     ms: dict[tuple, dict[str, float]] = {}
-    for ladder in LADDERS:
-        path = folder / f"model_{ladder}.json"
-        if not path.is_file():
-            continue
-        for r in json.loads(path.read_text())["rows"]:
-            if "ms" in r:
-                ms.setdefault((r["hidden"], r["layers"], r["step"]), {})[
-                    f"{r['form']} {ladder}"
-                ] = r["ms"]
+    path = folder / "model.json"
+    for r in json.loads(path.read_text())["rows"] if path.is_file() else ():
+        if "ms" in r:
+            ms.setdefault((r["hidden"], r["layers"], r["step"]), {})[r["form"]] = r["ms"]
     out = []
     for (hidden, layers, step), m in ms.items():
         seq = int(step.split("x")[1])
@@ -229,8 +225,7 @@ def _models(folder: Path) -> list[dict[str, Any]]:
             "kind": "prefill" if seq > 1 else "decode", "ms": m,
         }  # fmt: skip
         for ladder in LADDERS:
-            ours, contrib = m.get(f"ours {ladder}"), m.get(f"contrib {ladder}")
-            bare = m.get(f"ours-no-norm {ladder}")
+            ours, contrib, bare = m.get(f"ours-{ladder}"), m.get("contrib"), m.get("ours-no-norm")
             row[f"contrib_over_ours_{ladder}"] = contrib / ours if ours and contrib else None
             row[f"norm_share_{ladder}"] = 1 - bare / ours if ours and bare else None
         out.append(row)
@@ -301,15 +296,14 @@ def markdown(s: dict[str, Any]) -> str:
             )
     if s["models"]:
         lines += ["", "Whole models (tools/gpu_model.py, fp16, CUDA graphs), ms per step:", "",
-                  "| hidden x layers | step | ours old | contrib (old run) | contrib / ours old "
-                  "| norms' share old | ours new | contrib (new run) | contrib / ours new "
-                  "| norms' share new |", "|" + "---|" * 10]  # fmt: skip
+                  "| hidden x layers | step | contrib | ours old | contrib / ours old "
+                  "| norms' share old | ours new | contrib / ours new | norms' share new |",
+                  "|" + "---|" * 9]  # fmt: skip
         for m in s["models"]:
-            cells = []
+            cells = [_f(m["ms"].get("contrib"), ".3f")]
             for lad in LADDERS:
                 cells += [
-                    _f(m["ms"].get(f"ours {lad}"), ".3f"),
-                    _f(m["ms"].get(f"contrib {lad}"), ".3f"),
+                    _f(m["ms"].get(f"ours-{lad}"), ".3f"),
                     _f(m[f"contrib_over_ours_{lad}"], ".3f", "x"),
                     _f(m[f"norm_share_{lad}"] and 100 * m[f"norm_share_{lad}"], ".1f", " %"),
                 ]
