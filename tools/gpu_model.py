@@ -230,9 +230,9 @@ def main() -> int:
     rows = []
     for spec in ns.configs.split(","):
         rows += run_config(ns, spec, steps)
+        if ns.json:  # after each model: a time limit that stops the next keeps this one's rows
+            Path(ns.json).write_text(json.dumps({"rows": rows}, indent=1))
     print(table(rows))
-    if ns.json:
-        Path(ns.json).write_text(json.dumps({"rows": rows}, indent=1))
     return 0 if all(r.get("agrees", False) for r in rows) else 1
 
 

@@ -124,7 +124,7 @@ reason = r(); print(reason or 'CUDA usable'); sys.exit(1 if reason else 0)" || {
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     ncu=("$ncu_bin" --clock-control none --print-units base --csv --log-file "$out/ort_ncu.csv"
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum)
-    device=cuda shapes=kernel dtypes=float32,float16,bfloat16 configs= steps=
+    device=cuda shapes=kernel dtypes=float16,bfloat16,float32 configs= steps=
 fi
 cp "$stash/round1/kernels.jsonl" "$out/" 2>/dev/null || echo "(no kernels.jsonl from call 1)"
 

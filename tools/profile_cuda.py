@@ -198,10 +198,12 @@ def launch(args: argparse.Namespace) -> None:
     started = time.monotonic()
     configs: list[dict[str, Any]] = []
     meta = {"runs": args.runs, "configs": configs, "meta": _meta(args.device)}
-    for op_name in IMPLS:
-        op = OPS[op_name]
-        for dtype in args.dtypes.split(","):
-            for shape in chosen_shapes(args.shapes):
+    # dtype first, in --dtypes' order, then shape, then op: a --budget-s stop cuts the last dtype
+    # named, never one op of a row
+    for dtype in args.dtypes.split(","):
+        for shape in chosen_shapes(args.shapes):
+            for op_name in IMPLS:
+                op = OPS[op_name]
                 if args.budget_s and time.monotonic() - started > args.budget_s:
                     meta["stopped"] = f"--budget-s {args.budget_s} spent before {op_name} {dtype}"
                     print(f"stopped: {meta['stopped']} {shape_text(shape)}", flush=True)
