@@ -132,6 +132,15 @@ def test_cli_writes_summary_files_with_the_sources(tmp_path):
     assert "Made-up GPU" in (tmp_path / "summary.md").read_text()
 
 
+def test_the_kernel_timer_is_named_from_the_profile(tmp_path):
+    write_round(tmp_path, [], {"rmsnorm float16 8x4096": {"ours-old": 3.0}})
+    doc = json.loads((tmp_path / "ort_kernels.json").read_text())
+    doc["meta"]["timing"] = "cupti"
+    (tmp_path / "ort_kernels.json").write_text(json.dumps(doc))
+    method = gs.summarize(tmp_path)["sources"]["ncu"]["method"]
+    assert "CUPTI" in method and "Nsight" not in method
+
+
 def ncu_rows(data: dict[tuple[int, int], tuple[float, float]], op="rmsnorm", dtype="float32"):
     ort = "SimplifiedLayerNormalization" if op == "rmsnorm" else "SkipSimplifiedLayerNormalization"
     return {

@@ -92,6 +92,41 @@ def test_kernels_between_markers_add_up_per_run(tmp_path):
     assert "2048x4096" in done.stdout and "ours x 1.00" in done.stdout
 
 
+def test_a_cupti_trace_parses_like_ncus_csv(tmp_path):
+    """--trace's chrome trace (torch's profiler, Kineto's format: microseconds, kernels under
+    "kernel", runtime calls and copies beside them): the same groups, durations, no DRAM bytes."""
+    events, ts = [], 10.0
+
+    def kernel(name: str, us: float) -> None:
+        nonlocal ts
+        events.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": us})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts})
+        ts += us + 1.5
+
+    kernel("warm-up, before any marker", 50.0)
+    for group in ([("RmsNormBlockKernel", 20.0)] * 2, [("Add", 3.0), ("SkipRms", 2.5)] * 2):
+        for name, us in [(MARKER, 1000.0), *group, (MARKER, 1000.0)]:
+            kernel(name, us)
+        events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": ts, "dur": 9})
+    events.reverse()  # the trace's order is not launch order: ts is
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": events}))
+    write_inputs(tmp_path, [[], []])  # configs.json only
+    args = ("--parse", "trace.json", "--configs", "configs.json", "--json", "table.json")
+    done = subprocess.run(
+        [sys.executable, str(TOOL), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "table.json").read_text())["rows"]
+    ours = rows["rmsnorm float32 2048x4096"]["rmsnorm_onnx"]
+    assert (ours["us"], ours["kernels"], ours["dram_over_moved"]) == (20.0, 1, None)
+    add = rows["skip float16 8x4096"]["Add+rmsnorm_onnx"]
+    assert (add["us"], add["kernels"]) == (pytest.approx(5.5), 2)
+
+
 def test_a_group_count_unlike_the_configurations_is_refused(tmp_path):
     write_inputs(tmp_path, [[("RmsNormBlockKernel", 20_000, 1, 1)]])
     configs = json.loads((tmp_path / "configs.json").read_text())

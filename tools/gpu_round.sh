@@ -25,13 +25,14 @@
 # both ops, fp32/fp16/bf16, and SkipRMSNorm's float32 residual stream, beside a device copy of the
 # same bytes; then Nsight Compute's registers, occupancy and DRAM bytes of a few of those launches.
 # Writes env.txt, round.log, kernels.jsonl, kernels.md, ncu.csv, ncu_order.txt, summary.md.
-# Call 2: tools/profile_cuda.py under ncu (ours, old and new table, and onnxruntime's
+# Call 2: tools/profile_cuda.py's kernel times (ours, old and new table, and onnxruntime's
 # SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization / RMSNormalization at the same
-# rows), tests/test_cuda_graph_gpu.py and tests/test_kernel_gpu.py, tools/gpu_model.py (LLaMA-shaped
-# fp16 decoders under CUDA graphs: decomposed, contrib, onnxruntime's optimizer, ours on both
-# tables), and tools/gpu_summary.py over both calls' results. Writes round.log, ort_ncu.csv,
-# ort_configs.json, ort_kernels.json, model.json, kernels.jsonl (call 1's), summary.json and
-# summary.md: eight files, what one call brings back.
+# rows), recorded by CUPTI through torch's profiler, or under ncu where CUPTI sees no onnxruntime
+# kernel; tests/test_cuda_graph_gpu.py and tests/test_kernel_gpu.py; tools/gpu_model.py
+# (LLaMA-shaped fp16 decoders under CUDA graphs: decomposed, contrib, onnxruntime's optimizer,
+# ours on both tables); tools/gpu_summary.py over both calls' results. Writes round.log,
+# ort_configs.json, ort_kernels.json, ort_trace.json.gz (or ort_ncu.csv), model.json,
+# kernels.jsonl (call 1's), summary.json and summary.md: eight files, what one call brings back.
 # DRY_RUN=1 runs call 2's steps on the CPU with tiny shapes (tests/test_gpu_round.py).
 # Exit status: the number of failed steps.
 set -u -o pipefail
@@ -65,10 +66,16 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | 
 out=${1:-${OUT:-$repo/docs/measurements/${gpu:-gpu}-$(date -u +%Y-%m-%d)}}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 exec > >(tee "$out/round.log") 2>&1
+tee_pid=$!
 failed=0
 step() { echo "=== $* ($(date -u +%T))"; }
 check() { local rc=$?; [ "$rc" -eq 0 ] || { echo "!!! failed (exit $rc)"; failed=$((failed + 1)); }; }
-finish() { echo "=== $failed step(s) failed; outputs in $out"; exit "$failed"; }
+finish() {  # round.log complete before the call ends and $OUT is read
+    echo "=== $failed step(s) failed; outputs in $out"
+    exec >&- 2>&-
+    wait "$tee_pid"
+    exit "$failed"
+}
 
 [ "$dry" = 1 ] ||
     step "what this call carried, kept for the next call: $(STASH=$stash bash "$repo/tools/gpu_carry.sh" stash)"
@@ -109,7 +116,7 @@ fi
 
 # call 2
 if [ "$dry" = 1 ]; then
-    ncu=() device=cpu shapes=8x64,2x96 dtypes=float32,float16 configs=64:1:128:4:2 steps=1x8,2x1
+    device=cpu shapes=8x64,2x96 dtypes=float32,float16 configs=64:1:128:4:2 steps=1x8,2x1
 else
     step "onnxruntime-gpu from the carried parts"
     STASH=$stash bash "$repo/tools/gpu_carry.sh" assemble
@@ -122,20 +129,39 @@ else
     "$py" -c "from rmsnorm_onnx.runtime import cuda_unavailable_reason as r; import sys
 reason = r(); print(reason or 'CUDA usable'); sys.exit(1 if reason else 0)" || { check; finish; }
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    ncu=("$ncu_bin" --clock-control none --print-units base --csv --log-file "$out/ort_ncu.csv"
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum)
     device=cuda shapes=kernel dtypes=float16,bfloat16,float32 configs= steps=
 fi
 cp "$stash/round1/kernels.jsonl" "$out/" 2>/dev/null || echo "(no kernels.jsonl from call 1)"
 
-step "onnxruntime's kernels beside ours (old and new table), cuda_bench's rows, under ncu"
-timeout 200 "${ncu[@]}" "$py" "$repo/tools/profile_cuda.py" --device "$device" \
-    --configs "$out/ort_configs.json" --shapes "$shapes" --dtypes "$dtypes" --impls ours,ort \
-    --runs 2 --budget-s 150 2>&1 | tail -25
-check
-if [ "$dry" = 0 ]; then
-    "$py" "$repo/tools/profile_cuda.py" --parse "$out/ort_ncu.csv" \
-        --configs "$out/ort_configs.json" --json "$out/ort_kernels.json" | tail -40
+step "onnxruntime's kernels beside ours (old and new table) at cuda_bench's rows"
+# CUPTI through torch's profiler: every kernel of the process, no per-kernel cost; where it sees
+# no onnxruntime kernel (status 3, at once), Nsight Compute, which serialises every kernel
+profile() {
+    timeout 200 "$@" "$py" "$repo/tools/profile_cuda.py" --device "$device" --runs 3 \
+        --configs "$out/ort_configs.json" --shapes "$shapes" --dtypes "$dtypes" --impls ours,ort \
+        --budget-s 150 ${trace:+--trace "$trace"} 2>&1 | tail -25
+}
+if [ "$dry" = 1 ]; then
+    trace= profile
+    check
+else
+    trace=/tmp/ort_trace.json profile
+    rc=$?
+    if [ "$rc" = 3 ] && [ -n "$ncu_bin" ]; then
+        echo "(CUPTI saw no onnxruntime kernel: Nsight Compute instead)"
+        trace= profile "$ncu_bin" --clock-control none --print-units base --csv \
+            --log-file "$out/ort_ncu.csv" \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+        check
+        timed=$out/ort_ncu.csv
+    else
+        (exit "$rc")
+        check
+        timed=/tmp/ort_trace.json
+        gzip -c "$timed" > "$out/ort_trace.json.gz"
+    fi
+    "$py" "$repo/tools/profile_cuda.py" --parse "$timed" --configs "$out/ort_configs.json" \
+        --json "$out/ort_kernels.json" | tail -40
     check
 fi
 

@@ -61,7 +61,10 @@ ORT_OP = {
 ORT_IMPLS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization")
 LADDERS = ("old", "new")
 EVENTS = "cuda_bench, CUDA events (median of batches, inputs rotated past the L2)"
-NCU = "tools/profile_cuda.py under Nsight Compute (gpu__time_duration, per run)"
+NCU = {  # profile_cuda.py's meta "timing": how its kernel times were read (the "ncu" columns)
+    "ncu": "tools/profile_cuda.py under Nsight Compute (gpu__time_duration, per run)",
+    "cupti": "tools/profile_cuda.py, kernel durations recorded by CUPTI (torch's profiler)",
+}
 
 Key = tuple[str, str, int, int]  # op, dtype, rows, hidden
 
@@ -146,7 +149,8 @@ def summarize(folder: Path, ort_files: list[Path] | None = None) -> dict[str, An
         ][:1]
     ncu, metas = _load_ncu(ort_files)
     if metas:
-        sources["ncu"] = {"files": metas, "method": NCU}
+        timers = sorted({m.get("timing", "ncu") for m in metas})
+        sources["ncu"] = {"files": metas, "method": "; ".join(NCU.get(t, t) for t in timers)}
     expected = [(op, d, r, h) for op in OPS for d in DTYPES for r, h, _ in KERNEL_SHAPES]
     keys = expected + sorted(k for k in {*events, *ncu} if k not in expected)
     group = {(r, h): g for r, h, g in KERNEL_SHAPES}
@@ -248,7 +252,8 @@ def markdown(s: dict[str, Any]) -> str:
         lines.append(f"- {name}: {c['FAIL']} FAIL, {c['MISSING']} MISSING, {c['PASS']} PASS")
     lines += [
         "",
-        "µs; events: cuda_bench (CUDA events); ncu: Nsight Compute. Speed: onnxruntime's fastest "
+        "µs; events: cuda_bench (CUDA events); ncu: the kernel timer above (Nsight Compute, or "
+        "CUPTI). Speed: onnxruntime's fastest "
         "op over ours (ours by ncu, or by events where marked *). % copy: events.",
         "",
         "| op | dtype | rows x hidden | old ev | new ev | new, no decode rung ev | copy ev "

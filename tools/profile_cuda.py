@@ -32,6 +32,15 @@ the default). One that an op lacks is left out for that op. ``--budget-s`` stops
 after that many seconds and ends cleanly (ncu writes its log only when the process ends), so a
 round's time limit leaves a parsable prefix. bfloat16 inputs are made on the device by a Cast
 session, before the first marker (not profiled as a configuration).
+
+Without ncu (or to spare its per-kernel cost), ``--trace TRACE.json`` records the same kernels
+through CUPTI, as torch's profiler sees every kernel of the process (onnxruntime's too), and
+``--parse TRACE.json`` reads the chrome trace it exports as it reads ncu's CSV (kernel durations;
+no DRAM bytes). A probe first checks that the trace holds onnxruntime's kernels at all, and exits
+with status 3 where it does not, so a caller can fall back to ncu:
+
+    python tools/profile_cuda.py --configs configs.json --trace /tmp/trace.json ...
+    python tools/profile_cuda.py --parse /tmp/trace.json --configs configs.json --json k.json
 """
 
 from __future__ import annotations
@@ -177,10 +186,10 @@ def _session(op: Any, impl: str, dtype: str, shape: tuple[int, ...], weight: Any
     return sess, binding
 
 
-def _meta(device: str) -> dict[str, str]:
+def _meta(device: str, timing: str) -> dict[str, str]:
     import onnxruntime as ort
 
-    meta = {"onnxruntime": ort.__version__, "device": device, "timing": "ncu"}
+    meta = {"onnxruntime": ort.__version__, "device": device, "timing": timing}
     if device == "cuda":
         import torch
 
@@ -188,16 +197,68 @@ def _meta(device: str) -> dict[str, str]:
     return meta
 
 
+def _trace_kernels(path: str | Path) -> list[dict[str, Any]]:
+    """The kernels of a chrome trace torch's profiler exported, in launch order, as ncu names
+    them (duration in ns)."""
+    events = json.loads(Path(path).read_text())["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    return [{"name": e["name"], "gpu__time_duration.sum": e["dur"] * 1e3} for e in kernels]
+
+
+def _probe_trace(device: str) -> None:
+    """Exit with status 3 unless torch's profiler records a kernel onnxruntime launches."""
+    import numpy as np
+    import torch
+    from onnx import TensorProto, helper
+    from torch.profiler import ProfilerActivity, profile
+
+    from rmsnorm_onnx.runtime import session
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "probe", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    sess = session(model.SerializeToString(), providers=(device,))
+    feed = {"x": np.ones(1024, np.float32)}
+    sess.run(None, feed)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sess.run(None, feed)
+        torch.cuda.synchronize()
+    probe = Path(f"/tmp/profile_cuda_probe_{os.getpid()}.json")
+    prof.export_chrome_trace(str(probe))
+    names = [k["name"] for k in _trace_kernels(probe) if MARKER not in k["name"]]
+    probe.unlink()
+    if not names:
+        print("torch's profiler saw no kernel of onnxruntime's: use ncu", file=sys.stderr)
+        raise SystemExit(3)
+    print(f"torch's profiler sees onnxruntime's kernels ({names[0][:60]})", flush=True)
+
+
 def launch(args: argparse.Namespace) -> None:
     """Each configuration: a session, one untimed run, then a marker, ``runs`` runs, a marker.
-    configs.json is written after every configuration, so a stop leaves the ones done."""
+    configs.json is written after every configuration, so a stop leaves the ones done. With
+    ``--trace``, all of it inside torch's profiler, its chrome trace written at the end."""
+    if not args.trace:
+        return _launch(args)
+    from torch.profiler import ProfilerActivity, profile
+
+    _probe_trace(args.device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _launch(args)
+    prof.export_chrome_trace(args.trace)
+    return None
+
+
+def _launch(args: argparse.Namespace) -> None:
     cuda = args.device == "cuda"
     if cuda:
         import torch
     names = chosen_impls(args.impls)
     started = time.monotonic()
     configs: list[dict[str, Any]] = []
-    meta = {"runs": args.runs, "configs": configs, "meta": _meta(args.device)}
+    timing = "cupti" if args.trace else "ncu"
+    meta = {"runs": args.runs, "configs": configs, "meta": _meta(args.device, timing)}
     # dtype first, in --dtypes' order, then shape, then op: a --budget-s stop cuts the last dtype
     # named, never one op of a row
     for dtype in args.dtypes.split(","):
@@ -269,14 +330,22 @@ def measure_ceiling(args: argparse.Namespace) -> None:
     Path(args.ceiling).write_text(json.dumps(ceilings))
 
 
-def _kernel_groups(rows: list[dict[str, str]]) -> list[list[dict[str, float]]]:
-    """ncu's rows, one per (kernel launch, metric), as the kernels between each pair of markers."""
+def _ncu_kernels(path: str | Path) -> list[dict[str, Any]]:
+    """ncu's CSV rows, one per (kernel launch, metric), as one dict per kernel in launch order."""
+    with open(path, newline="") as f:
+        lines = f.readlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
     kernels: dict[int, dict[str, Any]] = {}
-    for row in rows:
+    for row in csv.DictReader(lines[header:]):
         k = kernels.setdefault(int(row["ID"]), {"name": row["Kernel Name"]})
         k[row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
+    return [k for _, k in sorted(kernels.items())]
+
+
+def _kernel_groups(kernels: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The kernels between each pair of markers."""
     groups, current = [], None
-    for _, k in sorted(kernels.items()):
+    for k in kernels:
         if MARKER in k["name"]:
             if current is None:
                 current = []
@@ -289,10 +358,8 @@ def _kernel_groups(rows: list[dict[str, str]]) -> list[list[dict[str, float]]]:
 
 
 def parse(args: argparse.Namespace) -> None:
-    with open(args.parse, newline="") as f:
-        lines = f.readlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
-    groups = _kernel_groups(list(csv.DictReader(lines[header:])))
+    read = _trace_kernels if args.parse.endswith(".json") else _ncu_kernels
+    groups = _kernel_groups(read(args.parse))
     meta = json.loads(Path(args.configs).read_text())
     configs, runs = meta["configs"], meta["runs"]
     if len(groups) != len(configs):
@@ -305,12 +372,15 @@ def parse(args: argparse.Namespace) -> None:
         op, shape = OPS[config["op"]], tuple(config["shape"])
         moved = op.moved_bytes(shape, ITEMSIZES[config["dtype"]])
         seconds = sum(k["gpu__time_duration.sum"] for k in kernels) * 1e-9 / runs
-        dram = sum(k["dram__bytes_read.sum"] + k["dram__bytes_write.sum"] for k in kernels) / runs
+        dram = sum(
+            k.get(f"dram__bytes_{d}.sum", math.nan) for k in kernels for d in ("read", "write")
+        )
+        dram /= runs
         key = _key(config["op"], config["dtype"], shape)
         table.setdefault(key, {})[config["impl"]] = {
             "us": seconds * 1e6,
             "gbps": moved / seconds / 1e9,
-            "dram_over_moved": dram / moved,
+            "dram_over_moved": None if math.isnan(dram) else dram / moved,  # CUPTI: none
             "kernels": len(kernels) / runs,
         }
     out = []
@@ -320,9 +390,10 @@ def parse(args: argparse.Namespace) -> None:
         out.append(f"\n{key}   (copy ceiling {ceiling:.0f} GB/s)")
         for impl, r in impls.items():
             ratio = r["us"] / ours["us"] if ours else math.nan
+            dram = r["dram_over_moved"] or math.nan
             out.append(
                 f"  {impl:<34} {r['us']:9.2f} us  {r['gbps']:7.0f} GB/s  "
-                f"{r['gbps'] / ceiling:6.1%} of copy  DRAM {r['dram_over_moved']:.2f}x moved  "
+                f"{r['gbps'] / ceiling:6.1%} of copy  DRAM {dram:.2f}x moved  "
                 f"{r['kernels']:.0f} kernels  ours x {ratio:.2f}"
             )
     print("\n".join(out))
@@ -350,7 +421,8 @@ def main() -> None:
     )
     p.add_argument("--measure-ceiling", action="store_true", help="time copies; no ncu")
     p.add_argument("--ceiling", default="ceiling.json", help="--measure-ceiling's output")
-    p.add_argument("--parse", metavar="NCU.csv", help="add up the kernels ncu timed")
+    p.add_argument("--trace", metavar="TRACE.json", help="time kernels by CUPTI, not ncu")
+    p.add_argument("--parse", metavar="NCU.csv", help="add up the kernels (ncu CSV or --trace)")
     p.add_argument("--json", help="with --parse: write the table as JSON")
     args = p.parse_args()
     if args.parse:
