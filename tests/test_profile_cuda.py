@@ -155,3 +155,17 @@ def test_gpu_checks_stop_with_the_reason_where_cuda_cannot_run(tmp_path):
     assert done.returncode == 1
     assert reason in done.stdout
     assert "tests/test_kernel_gpu.py" not in done.stdout  # stopped before the first step
+
+
+def test_trace_without_cuda_kernels_exits_3_for_the_ncu_fallback(tmp_path):
+    """gpu_round.sh runs the profile under ncu when --trace exits 3: a profiler that records no
+    onnxruntime kernel (here: no CUDA at all) must say so at once, before any session."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("torch has CUDA here: the probe would find onnxruntime's kernels")
+    args = ("--device", "cpu", "--trace", "t.json", "--shapes", "8x64", "--configs", "c.json")
+    done = subprocess.run(
+        [sys.executable, str(TOOL), *args], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 3 and "use ncu" in done.stderr
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "t.json").exists()

@@ -69,6 +69,9 @@ IMPLS = {
     "rmsnorm": (OURS, "SimplifiedLayerNormalization", "RMSNormalization", "decomposed"),
     "skip": (OURS, "SkipSimplifiedLayerNormalization", "Add+rmsnorm_onnx", "Add+decomposed"),
 }
+# torch's profiler: CUDA (CUPTI) for the kernels; CPU too, so it starts where torch has no CUDA
+# (the probe then finds no kernel and says so)
+ACTIVITIES = ("CPU", "CUDA")
 LADDER = "RMSNORM_ONNX_CUDA_LADDER"  # read by our op when its kernel is made (a session)
 LADDERS = {"ours-old": "old", "ours-new": "new"}  # our op, one launch table each
 ORT_OPS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization")
@@ -214,6 +217,8 @@ def _probe_trace(device: str) -> None:
 
     from rmsnorm_onnx.runtime import session
 
+    activities = [getattr(ProfilerActivity, a) for a in ACTIVITIES]
+
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024])
     graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "probe", [x], [y])
@@ -222,9 +227,10 @@ def _probe_trace(device: str) -> None:
     sess = session(model.SerializeToString(), providers=(device,))
     feed = {"x": np.ones(1024, np.float32)}
     sess.run(None, feed)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=activities) as prof:
         sess.run(None, feed)
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
     probe = Path(f"/tmp/profile_cuda_probe_{os.getpid()}.json")
     prof.export_chrome_trace(str(probe))
     names = [k["name"] for k in _trace_kernels(probe) if MARKER not in k["name"]]
@@ -243,8 +249,9 @@ def launch(args: argparse.Namespace) -> None:
         return _launch(args)
     from torch.profiler import ProfilerActivity, profile
 
+    activities = [getattr(ProfilerActivity, a) for a in ACTIVITIES]
     _probe_trace(args.device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=activities) as prof:
         _launch(args)
     prof.export_chrome_trace(args.trace)
     return None
