@@ -1,8 +1,8 @@
 """A whole LLaMA-shaped fp16 decoder on the GPU under CUDA graphs: ms per step, per graph form.
 
 Needs onnxruntime-gpu (tools/gpu_carry.sh brings it to a machine without one) and torch (the
-export). For each model size (default: hidden 4096 x 2 layers, and hidden 1024 x 4 layers like
-Qwen3-0.6B's, random weights, tools/bench_models.py's LlamaModel) the decomposed export runs as:
+export). For each model size (default: hidden 1024 x 4 layers like Qwen3-0.6B's, then hidden
+4096 x 2 layers, random weights, tools/bench_models.py's LlamaModel) the decomposed export runs as:
 
     decomposed     the export as it is (onnxruntime fuses what its own passes find)
     contrib        fused by rmsnorm_onnx into onnxruntime's (Skip)SimplifiedLayerNormalization
@@ -217,7 +217,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--configs",
-        default="4096:2:11008:32:8,1024:4:3072:16:8",
+        default="1024:4:3072:16:8,4096:2:11008:32:8",  # the quicker one first
         help="hidden:layers:intermediate:heads:kv_heads, comma separated",
     )
     p.add_argument("--steps", default="1x512,1x1,8x1", help="batch x seq of each step")
