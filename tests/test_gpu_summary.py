@@ -120,6 +120,20 @@ def test_a_measured_row_outside_kshapes_is_kept_and_nothing_invented(tmp_path):
     assert "events" not in s["sources"] or not any(r["events_us"] for r in s["rows"])
 
 
+def test_a_bench_line_cut_short_is_left_out_and_the_rest_kept(tmp_path):
+    """cuda_bench stopped by its time limit mid-line, or a bare nan it printed: the summary still
+    comes out, from the lines that parse."""
+    write_round(tmp_path, [bench_row("RMSNorm", "fp16", 8192, 8192, "old", 100.0, 90.0)], {})
+    with (tmp_path / "kernels.jsonl").open("a") as f:
+        f.write('{"op": "RMSNorm", "rows": 8192, "cols": 8192, "dtype": "fp16", "us": nan}\n')
+        f.write('{"op": "RMSNorm", "rows": 8192, "cols": 8192, "dtype": "fp1')
+    s = gs.summarize(tmp_path)
+    assert s["device"]["device"] == "Made-up GPU"
+    row = row_of(s, "RMSNorm", "float16", 8192, 8192)
+    assert row["events_us"] == {"old": 100.0}
+    assert row["goals"]["copy_old"]["value"] == pytest.approx(0.9)
+
+
 def test_cli_writes_summary_files_with_the_sources(tmp_path):
     write_round(tmp_path, [bench_row("RMSNorm", "fp32", 8, 4096, "old", 4.0, 3.0)], {})
     done = subprocess.run(

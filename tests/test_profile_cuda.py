@@ -127,6 +127,20 @@ def test_a_cupti_trace_parses_like_ncus_csv(tmp_path):
     assert (add["us"], add["kernels"]) == (pytest.approx(5.5), 2)
 
 
+def test_a_configuration_that_ran_no_gpu_kernel_is_left_out(tmp_path):
+    """onnxruntime runs a node with no CUDA kernel (an op or dtype its CUDA EP lacks) on the CPU:
+    nothing between that session's markers. Its row is left out, named in the JSON's meta, and
+    the other configurations keep theirs (a zero time would have stopped the whole table)."""
+    write_inputs(tmp_path, [[], [("Add", 3_000, 100, 50), ("SkipRms", 2_000, 10, 5)] * 2])
+    done = parse(tmp_path)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "table.json").read_text())
+    assert "rmsnorm float32 2048x4096" not in doc["rows"]
+    assert doc["meta"]["no_gpu_kernel"] == ["rmsnorm float32 2048x4096 rmsnorm_onnx"]
+    assert doc["rows"]["skip float16 8x4096"]["Add+rmsnorm_onnx"]["kernels"] == 2
+    assert "no GPU kernel between the markers" in done.stdout
+
+
 def test_a_group_count_unlike_the_configurations_is_refused(tmp_path):
     write_inputs(tmp_path, [[("RmsNormBlockKernel", 20_000, 1, 1)]])
     configs = json.loads((tmp_path / "configs.json").read_text())

@@ -122,9 +122,14 @@ else
     STASH=$stash bash "$repo/tools/gpu_carry.sh" assemble
     check
     export PYTHONPATH=${SITE:-/tmp/ort-site}:$repo
-    # its CUDA libraries (cuBLAS, cuDNN, ...): the image's nvidia-* wheels (PyTorch's)
-    nv=$("$py" -c "import nvidia; print(list(nvidia.__path__)[0])" 2>/dev/null) &&
-        export LD_LIBRARY_PATH=$(find "$nv" -name 'lib*.so*' -printf '%h\n' | sort -u | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # its CUDA libraries (cuBLAS, cuRAND, cudart 13: nvidia/cu13/lib; cuDNN): the image's
+    # nvidia-* wheels (PyTorch's); nvidia is a namespace package, so every folder of it, no stubs
+    nv=$("$py" -c "import nvidia; print(*nvidia.__path__, sep='\n')" 2>/dev/null) &&
+        export LD_LIBRARY_PATH=$(while read -r d; do find "$d" -name 'lib*.so*' -not -path '*/stubs/*' -printf '%h\n'; done <<< "$nv" | sort -u | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    # what the CUDA provider library cannot find, if anything (onnxruntime only warns, later)
+    ldd "${SITE:-/tmp/ort-site}/onnxruntime/capi/libonnxruntime_providers_cuda.so" 2>&1 |
+        grep -i 'not found' || echo "(the CUDA provider library finds every library it needs)"
     export RMSNORM_ONNX_LIBRARY=${RMSNORM_ONNX_LIBRARY:-$stash/build/gpu/librmsnorm_onnx.so}
     "$py" -c "from rmsnorm_onnx.runtime import cuda_unavailable_reason as r; import sys
 reason = r(); print(reason or 'CUDA usable'); sys.exit(1 if reason else 0)" || { check; finish; }
@@ -158,7 +163,7 @@ else
         (exit "$rc")
         check
         timed=/tmp/ort_trace.json
-        gzip -c "$timed" > "$out/ort_trace.json.gz"
+        [ ! -f "$timed" ] || gzip -c "$timed" > "$out/ort_trace.json.gz"
     fi
     "$py" "$repo/tools/profile_cuda.py" --parse "$timed" --configs "$out/ort_configs.json" \
         --json "$out/ort_kernels.json" | tail -40
@@ -166,7 +171,7 @@ else
 fi
 
 step "the GPU tests and the CUDA-graph test (old and new table)"
-(cd "$repo" && timeout 100 "$py" -m pytest -q -x -p no:cacheprovider \
+(cd "$repo" && timeout 100 "$py" -m pytest -q -p no:cacheprovider \
     tests/test_cuda_graph_gpu.py tests/test_kernel_gpu.py 2>&1 | tail -15)
 check
 

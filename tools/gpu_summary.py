@@ -77,7 +77,11 @@ def _load_jsonl(path: Path) -> tuple[dict[str, Any], dict[Key, dict], dict[Key, 
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
-        r = json.loads(line)
+        try:  # a line cut short (the bench stopped by its time limit) or a bare nan: left out
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            print(f"{path.name}: unreadable line left out: {line[:120]}", file=sys.stderr)
+            continue
         if "variant" not in r:
             device = r
             continue
@@ -180,7 +184,7 @@ def summarize(folder: Path, ort_files: list[Path] | None = None) -> dict[str, An
             }
             if (n, hidden) in COPY_GOAL_SHAPES:
                 r = ev.get(ladder)
-                share = r["copy_us"] / r["us"] if r else None
+                share = r["copy_us"] / r["us"] if r and r.get("us") else None
                 goals[f"copy_{ladder}"] = {
                     "value": share,
                     "source": "events" if r else "",

@@ -251,9 +251,13 @@ def launch(args: argparse.Namespace) -> None:
 
     activities = [getattr(ProfilerActivity, a) for a in ACTIVITIES]
     _probe_trace(args.device)
-    with profile(activities=activities) as prof:
+    prof = profile(activities=activities)
+    prof.start()
+    try:
         _launch(args)
-    prof.export_chrome_trace(args.trace)
+    finally:  # an error mid-way still leaves the configurations done, and their kernels
+        prof.stop()
+        prof.export_chrome_trace(args.trace)
     return None
 
 
@@ -371,6 +375,16 @@ def parse(args: argparse.Namespace) -> None:
     configs, runs = meta["configs"], meta["runs"]
     if len(groups) != len(configs):
         raise SystemExit(f"{len(groups)} marked kernel groups for {len(configs)} configurations")
+    # a node onnxruntime placed on the CPU (no CUDA kernel for that op and dtype) runs no kernel
+    # between its markers: no time to report, and no row for it
+    idle = [c for c, g in zip(configs, groups, strict=True) if not g]
+    for c in idle:
+        print(f"no GPU kernel between the markers: {c['op']} {c['impl']} {c['dtype']} "
+              f"{shape_text(tuple(c['shape']))} (left out)")  # fmt: skip
+    configs, groups = (
+        [c for c, g in zip(configs, groups, strict=True) if g],
+        [g for g in groups if g],
+    )
     ceilings = {}
     if args.ceiling and Path(args.ceiling).is_file():
         ceilings = json.loads(Path(args.ceiling).read_text())
@@ -408,6 +422,9 @@ def parse(args: argparse.Namespace) -> None:
         info = {"runs": runs, **meta.get("meta", {})}
         if "stopped" in meta:
             info["stopped"] = meta["stopped"]
+        if idle:
+            info["no_gpu_kernel"] = [_key(c["op"], c["dtype"], tuple(c["shape"])) + " "
+                                     + c["impl"] for c in idle]  # fmt: skip
         doc = {"meta": info, "ceilings": ceilings, "rows": table}
         Path(args.json).write_text(json.dumps(doc, indent=1))
 
