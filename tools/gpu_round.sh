@@ -65,15 +65,16 @@ py=${PYTHON:-python3}  # on the device machine: the image's, which holds torch
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z ' 'a-z-')
 out=${1:-${OUT:-$repo/docs/measurements/${gpu:-gpu}-$(date -u +%Y-%m-%d)}}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
-exec > >(tee "$out/round.log") 2>&1
-tee_pid=$!
+# everything into round.log; the call's own output (what the device tool shows) only the steps,
+# the failures and the last line, so call 1's answer is short enough to send call 2 at once
+exec 3>&1 > "$out/round.log" 2>&1
 failed=0
-step() { echo "=== $* ($(date -u +%T))"; }
-check() { local rc=$?; [ "$rc" -eq 0 ] || { echo "!!! failed (exit $rc)"; failed=$((failed + 1)); }; }
-finish() {  # round.log complete before the call ends and $OUT is read
-    echo "=== $failed step(s) failed; outputs in $out"
-    exec >&- 2>&-
-    wait "$tee_pid"
+say() { echo "$*"; echo "$*" >&3; }
+step() { say "=== $* ($(date -u +%T))"; }
+check() { local rc=$?; [ "$rc" -eq 0 ] || { say "!!! failed (exit $rc)"; failed=$((failed + 1)); }; }
+finish() {
+    say "=== $failed step(s) failed; outputs in $out"
+    [ "$ort" = 1 ] || say "=== now call 2 at once: bash tools/gpu_round.sh --ort, carry .ort/p0"
     exit "$failed"
 }
 
@@ -144,7 +145,7 @@ step "onnxruntime's kernels beside ours (old and new table) at cuda_bench's rows
 profile() {
     timeout 200 "$@" "$py" "$repo/tools/profile_cuda.py" --device "$device" --runs 3 \
         --configs "$out/ort_configs.json" --shapes "$shapes" --dtypes "$dtypes" --impls ours,ort \
-        --budget-s 150 ${trace:+--trace "$trace"} 2>&1 | tail -25
+        --budget-s 140 ${trace:+--trace "$trace"} 2>&1 | tail -25
 }
 if [ "$dry" = 1 ]; then
     trace= profile
@@ -184,4 +185,5 @@ check
 step "summary: both calls' rows, the goals, the whole models"
 "$py" "$repo/tools/gpu_summary.py" "$out" && cat "$out/summary.md"
 check
+sed -n '/^Goals/,/^$/p' "$out/summary.md" >&3 2>/dev/null
 finish
