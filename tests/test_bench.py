@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+import tool_modules
 
 from rmsnorm_onnx import bench, reference
 from rmsnorm_onnx.bench import measure, models, stream_copy, timing, torch_worker
@@ -531,8 +532,6 @@ def test_cuda_without_a_gpu_is_an_error_not_a_cpu_figure():
 def test_model_benchmark_splits_skip_norms_into_add_and_norm():
     """tools/bench_models.py times "fused without the skip" as the fused graph with each
     SkipRMSNorm split back into Add + RMSNorm: the same outputs, one Add more per norm."""
-    import importlib.util
-    from pathlib import Path
 
     from onnx import TensorProto, helper, numpy_helper
 
@@ -540,10 +539,7 @@ def test_model_benchmark_splits_skip_norms_into_add_and_norm():
     from rmsnorm_onnx.onnx_io import set_ir_version
     from rmsnorm_onnx.runtime import session
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "bench_models.py"
-    spec = importlib.util.spec_from_file_location("bench_models", path)
-    bench_models = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_models)
+    bench_models = tool_modules.load("bench_models")
 
     rng = np.random.default_rng(5)
     w = rng.uniform(0.5, 1.5, 32).astype(np.float32)
@@ -578,12 +574,8 @@ def test_model_benchmark_splits_skip_norms_into_add_and_norm():
 def test_memory_paths_prints_each_direction_per_thread_count(capsys):
     """tools/memory_paths.py: a row per thread count, a positive GB/s for reading, writing and
     copying."""
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "memory_paths.py"
-    spec = importlib.util.spec_from_file_location("memory_paths", path)
-    memory_paths = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(memory_paths)
+    memory_paths = tool_modules.load("memory_paths")
 
     assert memory_paths.main(["--mb", "1", "--threads", "1", "2", "--rounds", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -4,17 +4,13 @@ parses; a library without the asked-for architecture is refused and nothing is w
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import nvcc_library
 import pytest
+import tool_modules
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "fatbin_prune.py"
-spec = importlib.util.spec_from_file_location("fatbin_prune", TOOL)
-fatbin_prune = sys.modules["fatbin_prune"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fatbin_prune)
+fatbin_prune = tool_modules.load("fatbin_prune")
 
 
 @pytest.fixture(scope="module")

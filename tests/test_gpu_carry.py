@@ -5,7 +5,6 @@ large enough to need several parts."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -15,11 +14,10 @@ from pathlib import Path
 
 import nvcc_library
 import pytest
+import tool_modules
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("fatbin_prune", ROOT / "tools" / "fatbin_prune.py")
-fatbin_prune = sys.modules["fatbin_prune"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fatbin_prune)
+fatbin_prune = tool_modules.load("fatbin_prune")
 
 CAPI = "onnxruntime/capi/"
 WHEEL = "onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl"

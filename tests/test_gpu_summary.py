@@ -4,7 +4,6 @@ tools/cuda_bench.cu's kShapes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -12,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tool_modules
 
 from rmsnorm_onnx import cuda_picks
 from rmsnorm_onnx.bench.cuda_shapes import KERNEL_SHAPES
@@ -19,9 +19,7 @@ from rmsnorm_onnx.bench.cuda_shapes import KERNEL_SHAPES
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "gpu_summary.py"
 H100 = ROOT / "docs" / "measurements" / "h100-2026-11-26"
-spec = importlib.util.spec_from_file_location("gpu_summary", TOOL)
-gs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gs)
+gs = tool_modules.load("gpu_summary")
 
 
 def test_python_shapes_equal_cuda_bench_kshapes():

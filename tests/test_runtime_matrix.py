@@ -6,21 +6,17 @@ Times are not checked (benchmarks are programs, not tests).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+import tool_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location(
-        "runtime_matrix", ROOT / "tools" / "runtime_matrix.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = tool_modules.load("runtime_matrix")
     return module
 
 
