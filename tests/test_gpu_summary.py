@@ -5,6 +5,7 @@ tools/cuda_bench.cu's kShapes."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 import tool_modules
 
 from rmsnorm_onnx import cuda_picks
-from rmsnorm_onnx.bench.cuda_shapes import KERNEL_SHAPES
+from rmsnorm_onnx.bench.cuda_shapes import KERNEL_SHAPES, LADDER_ENV, launch_table
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "gpu_summary.py"
@@ -28,6 +29,19 @@ def test_python_shapes_equal_cuda_bench_kshapes():
     cpp = [(int(r), int(c), g) for r, c, g in re.findall(r'\{(\d+), (\d+), "(\w+)"\}', table)]
     assert len(cpp) == table.count("{")  # every entry parsed
     assert tuple(cpp) == KERNEL_SHAPES
+
+
+def test_launch_table_names_ours_tables_and_gives_the_environment_back(monkeypatch):
+    monkeypatch.delenv(LADDER_ENV, raising=False)
+    with launch_table("ours-new"):
+        assert os.environ[LADDER_ENV] == "new"
+    assert LADDER_ENV not in os.environ
+    monkeypatch.setenv(LADDER_ENV, "old")
+    with pytest.raises(RuntimeError), launch_table("ours-new"):  # given back on an error too
+        raise RuntimeError
+    assert os.environ[LADDER_ENV] == "old"
+    with launch_table("SimplifiedLayerNormalization"):  # not ours: left as it is
+        assert os.environ[LADDER_ENV] == "old"
 
 
 def bench_row(op, dtype, rows, cols, variant, us, copy_us, ok=True, skip_dtype=None):

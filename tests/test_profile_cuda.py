@@ -183,3 +183,36 @@ def test_trace_without_cuda_kernels_exits_3_for_the_ncu_fallback(tmp_path):
     )
     assert done.returncode == 3 and "use ncu" in done.stderr
     assert not (tmp_path / "c.json").exists() and not (tmp_path / "t.json").exists()
+
+
+def test_bfloat16_inputs_are_cast_on_the_device():
+    """bf16 rows' inputs: float32 cast to bfloat16 by a one-node session where they will be used
+    (here the CPU); read back through a Cast to float32, they are the inputs rounded to bf16."""
+    import ml_dtypes
+    import numpy as np
+    import onnxruntime as ort
+    import tool_modules
+    from onnx import TensorProto, helper
+
+    from rmsnorm_onnx.runtime import session
+
+    pc = tool_modules.load("profile_cuda")
+    x = np.array([[1.0, 1.00390625, 3.3], [-0.1, 65504.0, 1e-30]], np.float32)
+    value = pc._device_value(x, "bfloat16", "cpu")
+    assert value.data_type() == "tensor(bfloat16)" and value.shape() == [2, 3]
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["b"], ["f"], to=TensorProto.FLOAT)],
+        "back",
+        [helper.make_tensor_value_info("b", TensorProto.BFLOAT16, [2, 3])],
+        [helper.make_tensor_value_info("f", TensorProto.FLOAT, [2, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    sess = session(model.SerializeToString())
+    binding = sess.io_binding()
+    binding.bind_ortvalue_input("b", value)
+    binding.bind_output("f")
+    sess.run_with_iobinding(binding)
+    want = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(binding.copy_outputs_to_cpu()[0], want)
+    assert isinstance(value, ort.OrtValue)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -43,9 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_models import build_model, counts, ort_optimize
 
 from rmsnorm_onnx import op_schema
+from rmsnorm_onnx.bench.cuda_shapes import OURS_BY_LADDER, launch_table
 
 FORMS = ("decomposed", "contrib", "ort-optimizer", "ours-old", "ours-new", "ours-no-norm")
-LADDERS = {"ours-old": "old", "ours-new": "new"}  # form: RMSNORM_ONNX_CUDA_LADDER
+LADDERS = OURS_BY_LADDER  # form: the launch table its session runs
 AGREE = 5e-2  # fp16 whole-network outputs, relative to the largest value
 
 
@@ -89,8 +89,6 @@ def make_session(model: onnx.ModelProto, folder: Path, name: str, device: str):
 
     path = folder / f"{name}.onnx"
     onnx.save(model, path, save_as_external_data=True, location=f"{name}.onnx.data")
-    if name in LADDERS:  # read by our op when the session makes its kernels
-        os.environ["RMSNORM_ONNX_CUDA_LADDER"] = LADDERS[name]
     if device == "cpu":
         return session(str(path))
     ort.preload_dlls()
@@ -161,8 +159,9 @@ def run_config(ns: argparse.Namespace, spec: str, steps) -> list[dict]:
         for name, model in forms(exported, Path(tmp), cfg):
             ops = {k: v for k, v in counts(model).items() if k != "Add"}
             try:
-                sess = make_session(model, Path(tmp), name, ns.device)
-                ms, outs = time_steps(sess, steps, ns.vocab, ns.device, ns.repeat)
+                with launch_table(name):  # ours-old/new: read when the session makes kernels
+                    sess = make_session(model, Path(tmp), name, ns.device)
+                    ms, outs = time_steps(sess, steps, ns.vocab, ns.device, ns.repeat)
             except Exception as e:  # one form failing leaves the others to compare
                 rows.append({"hidden": hidden, "form": name, "error": str(e).splitlines()[0][:200]})
                 continue

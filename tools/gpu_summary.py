@@ -48,18 +48,21 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout
 
-from rmsnorm_onnx.bench.cuda_shapes import COPY_GOAL, COPY_GOAL_SHAPES, KERNEL_SHAPES
+from rmsnorm_onnx import op_schema
+from rmsnorm_onnx.bench.cuda_shapes import (
+    COPY_GOAL,
+    COPY_GOAL_SHAPES,
+    KERNEL_SHAPES,
+    OURS_BY_LADDER,
+)
 
 OPS = ("RMSNorm", "SkipRMSNorm")
 DTYPES = ("float32", "float16", "bfloat16")
 SHORT = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 PROFILE_OPS = {"rmsnorm": "RMSNorm", "skip": "SkipRMSNorm"}
-ORT_OP = {
-    "RMSNorm": "SimplifiedLayerNormalization",
-    "SkipRMSNorm": "SkipSimplifiedLayerNormalization",
-}
-ORT_IMPLS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization")
-LADDERS = ("old", "new")
+ORT_OP = {"RMSNorm": op_schema.ORT_NORM, "SkipRMSNorm": op_schema.ORT_SKIP_NORM}
+ORT_IMPLS = (*ORT_OP.values(), op_schema.ONNX_NORM)
+LADDERS = tuple(OURS_BY_LADDER.values())  # ("old", "new")
 EVENTS = "cuda_bench, CUDA events (median of batches, inputs rotated past the L2)"
 NCU = {  # profile_cuda.py's meta "timing": how its kernel times were read (the "ncu" columns)
     "ncu": "tools/profile_cuda.py under Nsight Compute (gpu__time_duration, per run)",

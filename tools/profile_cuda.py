@@ -58,8 +58,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout
 
+from rmsnorm_onnx import op_schema
 from rmsnorm_onnx.bench import DEFAULT_DTYPES, OPS, OURS, parse_shapes, shape_text
-from rmsnorm_onnx.bench.cuda_shapes import GROUPS, shapes_of
+from rmsnorm_onnx.bench.cuda_shapes import GROUPS, launch_table, shapes_of
+from rmsnorm_onnx.bench.cuda_shapes import OURS_BY_LADDER as LADDERS
 from rmsnorm_onnx.bench.ops import ITEMSIZES
 from rmsnorm_onnx.bench.ops import SHAPES as BENCH_SHAPES
 
@@ -73,9 +75,7 @@ IMPLS = {
 # torch's profiler: CUDA (CUPTI) for the kernels; CPU too, so it starts where torch has no CUDA
 # (the probe then finds no kernel and says so)
 ACTIVITIES = ("CPU", "CUDA")
-LADDER = "RMSNORM_ONNX_CUDA_LADDER"  # read by our op when its kernel is made (a session)
-LADDERS = {"ours-old": "old", "ours-new": "new"}  # our op, one launch table each
-ORT_OPS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization")
+ORT_OPS = (op_schema.ORT_NORM, op_schema.ORT_SKIP_NORM, op_schema.ONNX_NORM)
 IMPL_GROUPS = {
     "ours": tuple(LADDERS),
     "ort": ORT_OPS,
@@ -117,33 +117,42 @@ def _key(op: str, dtype: str, shape: tuple[int, ...]) -> str:
     return f"{op} {dtype} {shape_text(shape)}"
 
 
+def _one_node_session(op_type: str, inputs: list[str], y_type: int, dims: list[int], device: str,
+                      **attrs: Any) -> Any:  # fmt: skip
+    """A session of one default-domain node from float32 ``x`` to ``y`` of type ``y_type``."""
+    from onnx import TensorProto, helper
+
+    from rmsnorm_onnx.runtime import session
+
+    graph = helper.make_graph(
+        [helper.make_node(op_type, inputs, ["y"], **attrs)],
+        op_type,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", y_type, dims)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return session(model.SerializeToString(), providers=(device,))
+
+
 def _device_value(array: Any, dtype: str, device: str) -> Any:
     """``array`` as an OrtValue on ``device``; bfloat16 (which onnxruntime takes from NumPy on no
     device) cast there from float32 by a one-node session."""
     import numpy as np
     import onnxruntime as ort
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
 
     from rmsnorm_onnx.onnx_io import ONNX_TYPES
-    from rmsnorm_onnx.runtime import session
 
     if dtype != "bfloat16":
         return ort.OrtValue.ortvalue_from_numpy(array, device, 0)
     wide = ort.OrtValue.ortvalue_from_numpy(array.astype(np.float32), device, 0)
     out = ort.OrtValue.ortvalue_from_shape_and_type(array.shape, ONNX_TYPES[dtype], device, 0)
-    dims = list(array.shape)
-    graph = helper.make_graph(
-        [helper.make_node("Cast", ["a"], ["b"], to=TensorProto.BFLOAT16)],
-        "to_bf16",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, dims)],
-        [helper.make_tensor_value_info("b", TensorProto.BFLOAT16, dims)],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
-    sess = session(model.SerializeToString(), providers=(device,))
+    bf16 = TensorProto.BFLOAT16
+    sess = _one_node_session("Cast", ["x"], bf16, list(array.shape), device, to=bf16)
     binding = sess.io_binding()
-    binding.bind_ortvalue_input("a", wide)
-    binding.bind_ortvalue_output("b", out)
+    binding.bind_ortvalue_input("x", wide)
+    binding.bind_ortvalue_output("y", out)
     sess.run_with_iobinding(binding)
     return out
 
@@ -173,20 +182,11 @@ def _session(op: Any, impl: str, dtype: str, shape: tuple[int, ...], weight: Any
     from rmsnorm_onnx.bench.models import build
     from rmsnorm_onnx.runtime import session
 
-    saved = os.environ.get(LADDER)
-    if impl in LADDERS:
-        os.environ[LADDER] = LADDERS[impl]
-    try:
+    with launch_table(impl):
         model, outputs = build(op, OURS if impl in LADDERS else impl, dtype, shape, weight)
         sess = session(model, providers=(device,))
         binding = bind(sess, op, outputs, values)
         sess.run_with_iobinding(binding)
-    finally:
-        if impl in LADDERS:
-            if saved is None:
-                os.environ.pop(LADDER, None)
-            else:
-                os.environ[LADDER] = saved
     return sess, binding
 
 
@@ -213,19 +213,11 @@ def _probe_trace(device: str) -> None:
     """Exit with status 3 unless torch's profiler records a kernel onnxruntime launches."""
     import numpy as np
     import torch
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
     from torch.profiler import ProfilerActivity, profile
 
-    from rmsnorm_onnx.runtime import session
-
     activities = [getattr(ProfilerActivity, a) for a in ACTIVITIES]
-
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024])
-    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "probe", [x], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
-    sess = session(model.SerializeToString(), providers=(device,))
+    sess = _one_node_session("Add", ["x", "x"], TensorProto.FLOAT, [1024], device)
     feed = {"x": np.ones(1024, np.float32)}
     sess.run(None, feed)
     with profile(activities=activities) as prof:
